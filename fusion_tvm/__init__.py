@@ -1,0 +1,1 @@
+"""fusion_tvm: cost-model-driven operator fusion for Apache TVM Relax."""

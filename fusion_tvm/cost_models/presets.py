@@ -1,0 +1,297 @@
+"""Named hardware presets and host-CPU detection.
+
+``get_hardware("host")`` reads the machine (cores, SIMD width, cache sizes); the
+other presets are frozen datasheet figures used by tests and cross-compilation.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import UnknownNameError
+from .hardware import DeviceKind, FpgaResources, GpuLimits, HardwareSpec, MemoryLevel, OpClass
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+_PRESETS: dict[str, Callable[[], HardwareSpec]] = {}
+
+
+def register_hardware(name: str):
+    """Decorator registering a zero-argument factory of a :class:`HardwareSpec`."""
+
+    def deco(fn: Callable[[], HardwareSpec]):
+        if name in _PRESETS:
+            raise ValueError(f"hardware preset '{name}' is already registered")
+        _PRESETS[name] = fn
+        return fn
+
+    return deco
+
+
+def list_hardware() -> list[str]:
+    """Names of all registered presets."""
+    return sorted(_PRESETS)
+
+
+def get_hardware(name_or_spec: str | HardwareSpec | os.PathLike) -> HardwareSpec:
+    """Resolve a preset name, a JSON file path or a spec into a :class:`HardwareSpec`."""
+    if isinstance(name_or_spec, HardwareSpec):
+        return name_or_spec
+    name = str(name_or_spec)
+    if name in _PRESETS:
+        return _PRESETS[name]()
+    if name.endswith(".json") or Path(name).is_file():
+        return HardwareSpec.from_json(name)
+    raise UnknownNameError(f"unknown hardware preset '{name}'; known: {', '.join(list_hardware())}")
+
+
+# ---------------------------------------------------------------------------- CPU
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _cache_sizes() -> dict[int, int]:
+    """Per-instance data/unified cache sizes by level, from sysfs (bytes)."""
+    sizes: dict[int, int] = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(base.glob("index*")):
+        try:
+            kind = (idx / "type").read_text().strip()
+            level = int((idx / "level").read_text().strip())
+            text = (idx / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        mult = {"K": KiB, "M": MiB, "G": GiB}.get(text[-1], 1)
+        sizes[level] = int(text.rstrip("KMG")) * mult
+    return sizes
+
+
+def _cpu_mhz() -> float:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("cpu mhz"):
+                return float(line.split(":")[1])
+    except (OSError, ValueError):
+        pass
+    return 2500.0
+
+
+def host_cpu_name() -> str:
+    """LLVM's name for the host CPU (never ``native``)."""
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu())
+
+
+def host_num_cores() -> int:
+    """Cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def cpu_spec(
+    name: str,
+    mcpu: str,
+    cores: int,
+    ghz: float,
+    simd_bits: int,
+    l1: int,
+    l2: int,
+    l3: int,
+    dram_gbps: float,
+    launch_us: float = 2.0,
+) -> HardwareSpec:
+    """Build a CPU spec from a few datasheet numbers."""
+    lanes = simd_bits // 32
+    fma_units = 2
+    peak_fma = cores * ghz * 1e9 * fma_units * min(lanes, 8) * 2  # AVX-512 runs as 2x256 on many
+    core_bw = ghz * 1e9 * 64  # one 64-byte line per cycle from L1
+    return HardwareSpec(
+        name=name,
+        kind=DeviceKind.CPU,
+        target={"kind": "llvm", "mcpu": mcpu, "num-cores": cores},
+        num_cores=cores,
+        simd_width_bits=simd_bits,
+        num_vector_registers=32 if simd_bits >= 512 else 16,
+        peak_flops={
+            OpClass.MATMUL: peak_fma,
+            OpClass.CONV: peak_fma,
+            OpClass.ELEMENTWISE: peak_fma / 4,
+            OpClass.REDUCTION: peak_fma / 4,
+            OpClass.TRANSCENDENTAL: peak_fma / 16,
+        },
+        memory=(
+            MemoryLevel("L1", l1, cores * core_bw, shared=False),
+            MemoryLevel("L2", l2, cores * core_bw / 2, shared=False),
+            MemoryLevel("L3", l3, min(cores * core_bw / 4, 4 * dram_gbps * 1e9), shared=True),
+            MemoryLevel("DRAM", 64 * GiB, dram_gbps * 1e9, shared=True),
+        ),
+        launch_overhead_s=launch_us * 1e-6,
+        efficiency={},
+        default_efficiency=0.5,
+    )
+
+
+@register_hardware("host")
+@functools.cache
+def host_cpu() -> HardwareSpec:
+    """The machine this process runs on."""
+    from tvm.target import Target, codegen
+
+    mcpu = host_cpu_name()
+    cores = host_num_cores()
+    tgt = Target({"kind": "llvm", "mcpu": mcpu})
+    simd = int(codegen.llvm_get_vector_width(tgt)) or 128
+    caches = _cache_sizes()
+    return cpu_spec(
+        "host",
+        mcpu,
+        cores,
+        _cpu_mhz() / 1000.0,
+        simd,
+        caches.get(1, 32 * KiB),
+        caches.get(2, 1 * MiB),
+        caches.get(3, 8 * MiB),
+        dram_gbps=20.0,
+    )
+
+
+@register_hardware("ci-x86-avx2")
+def ci_cpu() -> HardwareSpec:
+    """A frozen 2-core AVX2 machine: tests use it so decisions never depend on the host."""
+    return cpu_spec("ci-x86-avx2", "haswell", 2, 3.0, 256, 32 * KiB, 1 * MiB, 32 * MiB, 20.0)
+
+
+@register_hardware("epyc-znver4-2c")
+def epyc2() -> HardwareSpec:
+    """Two Zen 4 cores, as in this project's CI machine."""
+    return cpu_spec("epyc-znver4-2c", "znver4", 2, 3.0, 512, 32 * KiB, 1 * MiB, 32 * MiB, 20.0)
+
+
+# ---------------------------------------------------------------------------- GPU
+def gpu_spec(
+    name: str,
+    arch: str,
+    tag: str,
+    sms: int,
+    ghz: float,
+    fp32_tflops: float,
+    fp16_tflops: float,
+    l2: int,
+    hbm_tbps: float,
+    smem_per_sm: int,
+    smem_per_block: int,
+) -> HardwareSpec:
+    """Build a GPU spec from datasheet numbers."""
+    del ghz
+    return HardwareSpec(
+        name=name,
+        kind=DeviceKind.GPU,
+        target={"kind": "cuda", "arch": arch, "tag": tag},
+        num_cores=sms,
+        simd_width_bits=32 * 32,
+        num_vector_registers=255,
+        peak_flops={
+            OpClass.MATMUL: fp16_tflops * 1e12,
+            OpClass.CONV: fp16_tflops * 1e12,
+            OpClass.ELEMENTWISE: fp32_tflops * 1e12 / 2,
+            OpClass.REDUCTION: fp32_tflops * 1e12 / 2,
+            OpClass.TRANSCENDENTAL: fp32_tflops * 1e12 / 8,
+        },
+        memory=(
+            MemoryLevel("reg", 256 * KiB, sms * 64 * 1e12 / 132, shared=False),
+            MemoryLevel("smem", smem_per_sm, sms * 128 * 1.7e9, shared=False),
+            MemoryLevel("L2", l2, hbm_tbps * 1e12 * 3, shared=True),
+            MemoryLevel("HBM", 80 * GiB, hbm_tbps * 1e12, shared=True),
+        ),
+        launch_overhead_s=4e-6,
+        gpu=GpuLimits(
+            sm_count=sms,
+            shared_memory_per_sm=smem_per_sm,
+            shared_memory_per_block=smem_per_block,
+            arch=arch,
+        ),
+    )
+
+
+@register_hardware("a100")
+def a100() -> HardwareSpec:
+    """NVIDIA A100-SXM4-80GB (sm_80)."""
+    return gpu_spec(
+        "a100", "sm_80", "nvidia/nvidia-a100", 108, 1.41, 19.5, 312, 40 * MiB, 2.0,
+        164 * KiB, 163 * KiB,
+    )
+
+
+@register_hardware("h100")
+def h100() -> HardwareSpec:
+    """NVIDIA H100-SXM5-80GB (sm_90)."""
+    return gpu_spec(
+        "h100", "sm_90", "nvidia/nvidia-h100", 132, 1.83, 67, 989, 50 * MiB, 3.35,
+        228 * KiB, 227 * KiB,
+    )
+
+
+@register_hardware("h200")
+def h200() -> HardwareSpec:
+    """NVIDIA H200-SXM-141GB (sm_90)."""
+    return gpu_spec(
+        "h200", "sm_90", "nvidia/nvidia-h100", 132, 1.83, 67, 989, 50 * MiB, 4.8,
+        228 * KiB, 227 * KiB,
+    )
+
+
+# --------------------------------------------------------------------------- FPGA
+def fpga_spec(
+    name: str, part: str, res: FpgaResources, ddr_gbps: float, onchip_bytes: int
+) -> HardwareSpec:
+    """Build an FPGA spec; compute peaks follow from DSPs and the clock."""
+    dsp_flops = res.dsp * res.clock_hz * 2 / 5  # ~5 DSP per fp32 FMA
+    return HardwareSpec(
+        name=name,
+        kind=DeviceKind.FPGA,
+        target={"kind": "c", "mcpu": part},
+        num_cores=1,
+        simd_width_bits=512,
+        num_vector_registers=1,
+        peak_flops={
+            OpClass.MATMUL: dsp_flops,
+            OpClass.CONV: dsp_flops,
+            OpClass.ELEMENTWISE: dsp_flops / 2,
+            OpClass.REDUCTION: dsp_flops / 2,
+            OpClass.TRANSCENDENTAL: dsp_flops / 16,
+        },
+        memory=(
+            MemoryLevel("BRAM", onchip_bytes, res.clock_hz * 2 * 4 * res.bram_18k, shared=True),
+            MemoryLevel("DDR", 16 * GiB, ddr_gbps * 1e9, shared=True),
+        ),
+        launch_overhead_s=1e-6,
+        fpga=res,
+    )
+
+
+@register_hardware("u250")
+def alveo_u250() -> HardwareSpec:
+    """AMD Alveo U250 (xcu250), 4 DDR4 channels."""
+    res = FpgaResources(dsp=12288, bram_18k=5376, uram=1280, lut=1728000, ff=3456000,
+                        clock_hz=300e6)
+    return fpga_spec("u250", "xcu250-figd2104-2L-e", res, 77.0, 5376 * 2304 + 1280 * 36864)
+
+
+@register_hardware("zcu104")
+def zcu104() -> HardwareSpec:
+    """AMD Zynq UltraScale+ ZCU104 (xczu7ev), PS DDR4."""
+    res = FpgaResources(dsp=1728, bram_18k=624, uram=96, lut=230400, ff=460800, clock_hz=200e6)
+    return fpga_spec("zcu104", "xczu7ev-ffvc1156-2-e", res, 19.2, 624 * 2304 + 96 * 36864)

@@ -1,0 +1,96 @@
+"""The per-target backend interface and the schedule-rule protocol.
+
+Every target (LLVM-CPU, CUDA, HLS) is one :class:`Backend` registered by name. What
+differs between targets lives behind this interface: the TVM target, the schedule
+rules (first match wins), what groups the templates can handle, and how to build.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import tvm
+
+from ..errors import UnknownNameError
+
+if TYPE_CHECKING:
+    from tvm import s_tir, tirx
+
+    from ..cost_models.hardware import DeviceKind, HardwareSpec
+
+
+class ScheduleRule(abc.ABC):
+    """A schedule template for one class of (fused) PrimFunc.
+
+    ``apply`` returns a scheduled :class:`tvm.s_tir.Schedule` when the function is
+    this rule's workload, or None meaning "not mine"; it must not mutate ``func``.
+    """
+
+    #: Stable name, also the key of calibrated efficiencies in ``HardwareSpec.efficiency``.
+    name: str = "rule"
+
+    @abc.abstractmethod
+    def apply(
+        self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
+    ) -> s_tir.Schedule | None:
+        """Schedule ``func`` or return None."""
+
+
+class Backend(abc.ABC):
+    """One compilation target family."""
+
+    #: Registry name (``"llvm"``, ``"cuda"``, ``"hls"``).
+    name: str = ""
+    #: Hardware preset used when the user names none.
+    default_hardware: str = ""
+
+    @property
+    @abc.abstractmethod
+    def device_kind(self) -> DeviceKind:
+        """The device family this backend compiles for."""
+
+    def target(self, hw: HardwareSpec) -> tvm.target.Target:
+        """The TVM target for ``hw``."""
+        return tvm.target.Target(dict(hw.target))
+
+    @abc.abstractmethod
+    def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
+        """Rules tried in order on every PrimFunc; the last should always match."""
+
+    def device(self) -> tvm.runtime.Device:
+        """The runtime device to run on."""
+        return tvm.cpu(0)
+
+
+_BACKENDS: dict[str, Callable[[], Backend]] = {}
+
+
+def register_backend(name: str):
+    """Class decorator registering a backend under ``name``; duplicates are refused."""
+
+    def deco(cls):
+        if name in _BACKENDS:
+            raise ValueError(f"backend '{name}' is already registered")
+        cls.name = name
+        _BACKENDS[name] = cls
+        return cls
+
+    return deco
+
+
+def get_backend(name: str | Backend) -> Backend:
+    """The backend registered as ``name`` (``"llvm"``, ``"cuda"``, ``"hls"``)."""
+    if isinstance(name, Backend):
+        return name
+    key = {"cpu": "llvm", "c": "hls", "fpga": "hls", "gpu": "cuda"}.get(name, name)
+    if key not in _BACKENDS:
+        known = ", ".join(sorted(_BACKENDS))
+        raise UnknownNameError(f"unknown target '{name}'; known targets: {known}")
+    return _BACKENDS[key]()
+
+
+def list_backends() -> list[str]:
+    """Names of the registered backends."""
+    return sorted(_BACKENDS)
