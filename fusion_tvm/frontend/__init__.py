@@ -1,0 +1,150 @@
+"""Model files → Relax IRModule, with our own clear errors.
+
+>>> loaded = load_model("bert.onnx")          # or an onnx.ModelProto, or a tvm.IRModule
+>>> loaded.mod, loaded.input_names, loaded.input_shapes
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import onnx
+from tvm import IRModule, relax, tirx
+
+from ..errors import UserInputError
+from .onnx_loader import ShapeDict, convert_onnx, graph_input_names, read_onnx
+
+__all__ = ["LoadedModel", "load_model", "load_torch"]
+
+Dim = int | str
+Source = Literal["onnx", "irmodule", "torch"]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model converted to Relax, with what a caller needs to feed and read it.
+
+    Attributes
+    ----------
+    mod : tvm.IRModule
+        Relax module whose ``main`` takes the inputs in ``input_names`` order. Weights are
+        embedded as constants.
+    input_names : tuple of str
+        Model input names in parameter order (the ONNX names, before any sanitizing).
+    input_shapes : tuple of tuple of (int or str)
+        Static dims as ints, symbolic dims by name (``"batch"``, ``"sequence"``).
+    input_dtypes : tuple of str
+    output_names : tuple of str
+    source : {"onnx", "irmodule", "torch"}
+    """
+
+    mod: IRModule
+    input_names: tuple[str, ...]
+    input_shapes: tuple[tuple[Dim, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_names: tuple[str, ...]
+    source: Source
+
+
+def load_model(
+    model: str | os.PathLike | onnx.ModelProto | IRModule,
+    shape_dict: ShapeDict | None = None,
+    dtype_dict: Mapping[str, str] | None = None,
+) -> LoadedModel:
+    """Load a model into a Relax IRModule.
+
+    Parameters
+    ----------
+    model : str, os.PathLike, onnx.ModelProto or tvm.IRModule
+        An ONNX file, an ONNX model in memory, or a Relax module (taken as is; it must have a
+        Relax function ``main``).
+    shape_dict : dict of str to sequence of (int or str), optional
+        ONNX only: replace the declared shape of some inputs. A string dim stays symbolic and
+        is shared with every other dim of the same name.
+    dtype_dict : dict of str to str, optional
+        ONNX only: override the declared dtype of some inputs.
+
+    Returns
+    -------
+    LoadedModel
+
+    Raises
+    ------
+    ModelLoadError
+        The file is missing, not ONNX, or truncated.
+    UnsupportedOperatorError
+        An operator (named with its node) cannot be converted.
+    UserInputError
+        The graph reads an undefined tensor, or the arguments are inconsistent.
+    """
+    if isinstance(model, IRModule):
+        if shape_dict or dtype_dict:
+            raise UserInputError("shape_dict / dtype_dict apply to ONNX models, not an IRModule")
+        return from_irmodule(model, source="irmodule")
+    if isinstance(model, str | os.PathLike | onnx.ModelProto):
+        proto, where = read_onnx(model)
+        mod = convert_onnx(proto, where, shape_dict, dtype_dict)
+        return _describe(
+            mod, "onnx", graph_input_names(proto.graph), [o.name for o in proto.graph.output]
+        )
+    raise UserInputError(
+        f"cannot load a model from {type(model).__name__}: give an ONNX path, an "
+        "onnx.ModelProto or a tvm.IRModule (torch modules go through load_torch)"
+    )
+
+
+def load_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = None):
+    """Load a ``torch.nn.Module`` through ``torch.export``; see :mod:`.torch_loader`."""
+    from .torch_loader import load_torch as _load_torch
+
+    return _load_torch(module, example_inputs, dynamic_shapes)
+
+
+def from_irmodule(mod: IRModule, source: Source) -> LoadedModel:
+    """Describe a Relax module whose ``main`` is the entry point."""
+    main = _main_function(mod)
+    names = [p.name_hint for p in main.params]
+    num_outputs = len(main.ret_ty.fields) if isinstance(main.ret_ty, relax.TupleType) else 1
+    outputs = ["output"] if num_outputs == 1 else [f"output_{i}" for i in range(num_outputs)]
+    return _describe(mod, source, names, outputs)
+
+
+def _main_function(mod: IRModule) -> relax.Function:
+    if not any(gv.name_hint == "main" for gv in mod.get_global_vars()):
+        raise UserInputError("the IRModule has no function 'main'")
+    main = mod["main"]
+    if not isinstance(main, relax.Function):
+        raise UserInputError(f"the IRModule's 'main' is a {type(main).__name__}, not Relax")
+    return main
+
+
+def _describe(mod: IRModule, source: Source, input_names, output_names) -> LoadedModel:
+    main = _main_function(mod)
+    num_inputs = int(main.attrs["num_input"]) if main.attrs and "num_input" in main.attrs else None
+    params = list(main.params)[:num_inputs]
+    shapes, dtypes = [], []
+    for param in params:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType):
+            shapes.append(())
+            dtypes.append(str(ty))
+            continue
+        shapes.append(_dims(ty))
+        dtypes.append(str(ty.dtype))
+    return LoadedModel(
+        mod=mod,
+        input_names=tuple(input_names),
+        input_shapes=tuple(shapes),
+        input_dtypes=tuple(dtypes),
+        output_names=tuple(output_names),
+        source=source,
+    )
+
+
+def _dims(ty: relax.TensorType) -> tuple[Dim, ...]:
+    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return ()
+    return tuple(int(d) if isinstance(d, tirx.IntImm) else str(d) for d in ty.shape.values)

@@ -1,0 +1,218 @@
+"""Regenerate the ONNX fixtures under tests/data.
+
+Needs ``torch==2.13.0`` and ``transformers`` (the tests themselves need neither). The models
+are built from tiny configs with seeded random weights (no downloads) and exported with the
+TorchScript exporter (``dynamo=False``) the way most users still export them: dynamic batch and
+sequence axes, and, for the CNN, ``do_constant_folding=False`` with ``TrainingMode.PRESERVE``
+so the BatchNormalization nodes survive the export.
+
+Usage::
+
+    python tests/data/make_fixtures.py            # all fixtures
+    python tests/data/make_fixtures.py bert_tiny  # one fixture
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+HERE = Path(__file__).resolve().parent
+OPSET = 17
+MAX_BYTES = 500 * 1024
+
+
+class SmallCNN(torch.nn.Module):
+    """Conv-BN-ReLU twice, pooling and a classifier: what a vision export looks like."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(16)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.nn.functional.max_pool2d(x, 2)
+        x = torch.relu(self.bn2(self.conv2(x)))
+        x = torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
+class _Wrapper(torch.nn.Module):
+    """Fixes the positional signature and returns plain tensors (HF outputs are dicts)."""
+
+    def __init__(self, model: torch.nn.Module, arg_names: list[str], outputs: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.arg_names = arg_names
+        self.outputs = outputs
+
+    def forward(self, *args: torch.Tensor):
+        out = self.model(**dict(zip(self.arg_names, args, strict=True)), use_cache=False)
+        return tuple(getattr(out, name) for name in self.outputs)
+
+
+def _randomize_bn(model: torch.nn.Module) -> None:
+    # Fresh BatchNorm has mean 0 / var 1, which would hide a wrong-statistics bug.
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+
+
+def _export(model, args, path: Path, input_names, output_names, dynamic_axes, **kw) -> None:
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            args,
+            str(path),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            dynamo=False,
+            **kw,
+        )
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise SystemExit(f"{path.name} is {size} bytes, over the {MAX_BYTES} byte fixture limit")
+    ops = sorted({n.op_type for n in proto.graph.node})
+    print(f"{path.name}: {size} bytes, {len(proto.graph.node)} nodes, ops {ops}")
+
+
+def make_cnn_bn() -> None:
+    model = SmallCNN()
+    with torch.no_grad():
+        _randomize_bn(model)
+    _export(
+        model,
+        (torch.randn(2, 3, 16, 16),),
+        HERE / "cnn_bn.onnx",
+        ["input"],
+        ["logits"],
+        {"input": {0: "batch"}, "logits": {0: "batch"}},
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.PRESERVE,
+    )
+
+
+_SEQ_AXES = {0: "batch", 1: "sequence"}
+
+
+def _export_hf(model, inputs: dict, outputs: list[str], dynamic_axes: dict, name: str) -> None:
+    wrapper = _Wrapper(model, list(inputs), outputs)
+    _export(
+        wrapper,
+        tuple(inputs.values()),
+        HERE / f"{name}.onnx",
+        list(inputs),
+        outputs,
+        dynamic_axes,
+    )
+
+
+def _ids_and_mask(batch: int, seq: int, pad_from: int):
+    ids = torch.randint(0, 100, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[-1, pad_from:] = 0  # one padded row, so the mask matters
+    return ids, mask
+
+
+def make_bert_tiny() -> None:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    ids, mask = _ids_and_mask(2, 8, 5)
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    axes = {name: _SEQ_AXES for name in inputs}
+    axes.update(last_hidden_state=_SEQ_AXES, pooler_output={0: "batch"})
+    _export_hf(BertModel(config), inputs, ["last_hidden_state", "pooler_output"], axes, "bert_tiny")
+
+
+def make_gpt2_tiny() -> None:
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        vocab_size=100,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
+    ids, mask = _ids_and_mask(2, 8, 6)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    axes = {name: _SEQ_AXES for name in [*inputs, "last_hidden_state"]}
+    _export_hf(GPT2Model(config), inputs, ["last_hidden_state"], axes, "gpt2_tiny")
+
+
+def make_t5_tiny() -> None:
+    from transformers import T5Config, T5Model
+
+    config = T5Config(
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        vocab_size=100,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        attn_implementation="eager",
+    )
+    ids, mask = _ids_and_mask(2, 8, 5)
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "decoder_input_ids": torch.randint(0, 100, (2, 4)),
+    }
+    dec_axes = {0: "batch", 1: "decoder_sequence"}
+    axes = {
+        "input_ids": _SEQ_AXES,
+        "attention_mask": _SEQ_AXES,
+        "decoder_input_ids": dec_axes,
+        "last_hidden_state": dec_axes,
+    }
+    _export_hf(T5Model(config), inputs, ["last_hidden_state"], axes, "t5_tiny")
+
+
+FIXTURES = {
+    "cnn_bn": make_cnn_bn,
+    "bert_tiny": make_bert_tiny,
+    "gpt2_tiny": make_gpt2_tiny,
+    "t5_tiny": make_t5_tiny,
+}
+
+
+def main(names: list[str]) -> None:
+    for name in names or FIXTURES:
+        torch.manual_seed(0)
+        FIXTURES[name]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
