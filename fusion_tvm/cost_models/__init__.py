@@ -1,0 +1,23 @@
+"""Cost models, hardware specs and presets."""
+
+from . import roofline  # noqa: F401  (registers "roofline")
+from .base import Cost, CostModel, get_cost_model, list_cost_models, register_cost_model
+from .hardware import DeviceKind, FpgaResources, GpuLimits, HardwareSpec, MemoryLevel, OpClass
+from .presets import get_hardware, list_hardware, register_hardware
+
+__all__ = [
+    "Cost",
+    "CostModel",
+    "DeviceKind",
+    "FpgaResources",
+    "GpuLimits",
+    "HardwareSpec",
+    "MemoryLevel",
+    "OpClass",
+    "get_cost_model",
+    "get_hardware",
+    "list_cost_models",
+    "list_hardware",
+    "register_cost_model",
+    "register_hardware",
+]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidHardwareSpecError
+from ..ops import OpClass
 
 
 class DeviceKind(str, enum.Enum):
@@ -23,16 +24,6 @@ class DeviceKind(str, enum.Enum):
     CPU = "cpu"
     GPU = "gpu"
     FPGA = "fpga"
-
-
-class OpClass(str, enum.Enum):
-    """Throughput classes of work; peak FLOP/s is given per class."""
-
-    MATMUL = "matmul"  # dense / batch-matmul / conv (im2col-like, FMA-bound)
-    CONV = "conv"
-    ELEMENTWISE = "elementwise"  # one arithmetic op per element
-    REDUCTION = "reduction"
-    TRANSCENDENTAL = "transcendental"  # exp / tanh / erf / sqrt per element
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,190 @@
+"""Legality: may these nodes form one group? Kept apart from profitability.
+
+Every answer is a :class:`FusionDecision` that carries its reason, so the plan report
+and ``fusion-tvm explain`` can say why two ops are not fused. Correctness never
+depends on the cost model: everything the search proposes passes through here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .graph import FusionGraph
+
+
+class GroupKind(str, enum.Enum):
+    """What a group is, as far as schedule templates are concerned."""
+
+    ELEMENTWISE = "elementwise"  # injective chain
+    REDUCTION = "reduction"  # one or more reductions (+ injective ops) over rows
+    CONTRACTION = "contraction"  # one matmul / conv with prologue / epilogue
+    OPAQUE = "opaque"
+
+
+@dataclass(frozen=True)
+class FusionDecision:
+    """Whether a fusion is allowed, and why not."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @classmethod
+    def allow(cls) -> FusionDecision:
+        """A 'yes'."""
+        return cls(True)
+
+    @classmethod
+    def forbid(cls, reason: str) -> FusionDecision:
+        """A 'no' with its reason."""
+        return cls(False, reason)
+
+
+@dataclass(frozen=True)
+class TemplateLimits:
+    """What a backend's schedule templates can handle in one group.
+
+    Attributes
+    ----------
+    max_contractions : int
+        Matmul / conv ops per group (1: prologue/epilogue fusion only).
+    contraction_with_reduction : bool
+        Whether a contraction may share a group with another reduction.
+    max_nodes : int
+        Upper bound on group size (keeps compile time and code size in check).
+    """
+
+    max_contractions: int = 1
+    contraction_with_reduction: bool = False
+    max_nodes: int = 64
+
+
+def classify(graph: FusionGraph, group: Iterable[int]) -> GroupKind:
+    """The template family of a group."""
+    nodes = [graph.nodes[i] for i in group]
+    if any(not n.fusible for n in nodes) and len(nodes) > 1:
+        return GroupKind.OPAQUE
+    if any(n.is_contraction for n in nodes):
+        return GroupKind.CONTRACTION
+    if any(n.is_reduction for n in nodes):
+        return GroupKind.REDUCTION
+    return GroupKind.ELEMENTWISE
+
+
+def check_members(graph: FusionGraph, group: frozenset[int]) -> FusionDecision:
+    """Only fusible call_tir nodes may share a group."""
+    if len(group) == 1:
+        return FusionDecision.allow()
+    for i in sorted(group):
+        n = graph.nodes[i]
+        if not n.fusible:
+            what = "an opaque or non-call_tir binding" if n.info is None else "an opaque PrimFunc"
+            return FusionDecision.forbid(f"{graph.describe(i)} is {what}")
+    return FusionDecision.allow()
+
+
+def check_convex(graph: FusionGraph, group: frozenset[int]) -> FusionDecision:
+    """No path may leave the group and come back into it."""
+    if len(group) == 1:
+        return FusionDecision.allow()
+    hi = max(group)
+    # nodes reachable from the group through a node outside it
+    frontier = [s for g in group for s in graph.succs[g] if s not in group and s < hi]
+    seen = set(frontier)
+    while frontier:
+        u = frontier.pop()
+        for v in graph.succs[u]:
+            if v in group:
+                return FusionDecision.forbid(
+                    f"not convex: the path through {graph.describe(u)} leaves and re-enters"
+                )
+            if v not in seen and v < hi:
+                seen.add(v)
+                frontier.append(v)
+    return FusionDecision.allow()
+
+
+def check_connected(graph: FusionGraph, group: frozenset[int]) -> FusionDecision:
+    """Members must be linked by producer-consumer edges (sibling fusion is separate)."""
+    if len(group) == 1:
+        return FusionDecision.allow()
+    start = min(group)
+    seen = {start}
+    stack = [start]
+    while stack:
+        u = stack.pop()
+        for v in graph.succs[u] | graph.preds[u]:
+            if v in group and v not in seen:
+                seen.add(v)
+                stack.append(v)
+    if len(seen) != len(group):
+        return FusionDecision.forbid("members are not connected by dataflow edges")
+    return FusionDecision.allow()
+
+
+def check_templates(
+    graph: FusionGraph, group: frozenset[int], limits: TemplateLimits
+) -> FusionDecision:
+    """Whether the backend's templates can schedule the group well."""
+    if len(group) > limits.max_nodes:
+        return FusionDecision.forbid(f"group of {len(group)} ops exceeds {limits.max_nodes}")
+    nodes = [graph.nodes[i] for i in group]
+    contractions = [n for n in nodes if n.is_contraction]
+    if len(contractions) > limits.max_contractions:
+        names = ", ".join(n.name for n in contractions)
+        return FusionDecision.forbid(
+            f"{len(contractions)} matmul/conv ops ({names}) in one group; the target's "
+            f"templates fuse at most {limits.max_contractions}"
+        )
+    if contractions and not limits.contraction_with_reduction:
+        reds = [n for n in nodes if n.is_reduction]
+        if reds:
+            return FusionDecision.forbid(
+                f"matmul/conv {contractions[0].name} with reduction {reds[0].name}: no template "
+                "schedules a contraction together with a separate reduction"
+            )
+    return FusionDecision.allow()
+
+
+def is_legal(
+    graph: FusionGraph, group: frozenset[int], limits: TemplateLimits | None = None
+) -> FusionDecision:
+    """All legality checks in order; the first failure is returned."""
+    for check in (check_members, check_connected, check_convex):
+        d = check(graph, group)
+        if not d:
+            return d
+    return check_templates(graph, group, limits or TemplateLimits())
+
+
+def quotient_is_acyclic(graph: FusionGraph, groups: Iterable[frozenset[int]]) -> bool:
+    """Whether contracting every group to one vertex leaves the graph acyclic."""
+    gid = {}
+    groups = list(groups)
+    for k, g in enumerate(groups):
+        for n in g:
+            gid[n] = k
+    for n in range(len(graph.nodes)):
+        gid.setdefault(n, len(groups) + n)
+    succ: dict[int, set[int]] = {}
+    indeg: dict[int, int] = {v: 0 for v in set(gid.values())}
+    for u in range(len(graph.nodes)):
+        for v in graph.succs[u]:
+            a, b = gid[u], gid[v]
+            if a != b and b not in succ.setdefault(a, set()):
+                succ[a].add(b)
+                indeg[b] += 1
+    ready = [v for v, d in indeg.items() if d == 0]
+    count = 0
+    while ready:
+        a = ready.pop()
+        count += 1
+        for b in succ.get(a, ()):
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                ready.append(b)
+    return count == len(indeg)

@@ -1,0 +1,151 @@
+"""FuseByCostModel: group call_tir bindings into Primitive functions chosen by a cost model.
+
+A drop-in replacement for ``relax.transform.FuseOps`` in a ``tvm.transform.Sequential``:
+run it after ``LegalizeOps`` + ``AnnotateTIROpPattern`` and follow it with ``FuseTIR``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import tvm
+from tvm import relax
+
+from ..baseline import fuseops_groups
+from ..cost_models.base import CostModel, get_cost_model
+from ..cost_models.hardware import HardwareSpec
+from ..cost_models.presets import get_hardware
+from ..graph import build_fusion_graph, default_dims
+from ..grouping import rewrite_block, vars_used_after
+from ..plan import BlockPlan, FusionPlan, count_kernels, group_plan
+from ..search import SearchConfig, search_partition, singletons
+
+
+def _fusable_functions(mod: tvm.IRModule) -> list[str]:
+    names = []
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        attrs = func.attrs if func.attrs is not None else {}
+        if "Primitive" in attrs or "Codegen" in attrs or "Composite" in attrs:
+            continue
+        names.append(gv.name_hint)
+    return sorted(names)
+
+
+@tvm.transform.module_pass(opt_level=0, name="FuseByCostModel")
+class FuseByCostModel:
+    """Search the partition with the least predicted time and materialise it.
+
+    Parameters
+    ----------
+    cost_model : CostModel or str
+        The injected cost model (or a registered name, built for ``hw``).
+    hw : HardwareSpec or str, optional
+        Hardware the model predicts for; defaults to the host CPU.
+    backend : Backend, optional
+        Target backend (template limits and rule names).
+    config : SearchConfig, optional
+        Search options.
+    shape_hints : mapping, optional
+        Values of symbolic dims used to evaluate sizes (name -> int).
+    compare_fuseops : bool
+        Also price FuseOps's partition for the plan's predicted speedup.
+
+    Attributes
+    ----------
+    plan : FusionPlan
+        The plan of the last module transformed.
+    """
+
+    def __init__(
+        self,
+        cost_model: CostModel | str = "roofline",
+        hw: HardwareSpec | str | None = None,
+        backend=None,
+        config: SearchConfig | None = None,
+        shape_hints: Mapping[str, int] | None = None,
+        compare_fuseops: bool = True,
+    ):
+        if isinstance(cost_model, CostModel):
+            self.cost_model = cost_model
+            self.hw = cost_model.hw
+        else:
+            self.hw = get_hardware(hw or "host")
+            self.cost_model = get_cost_model(cost_model, self.hw, backend)
+        self.backend = backend
+        limits = getattr(backend, "template_limits", None)
+        self.config = config or (SearchConfig(limits=limits) if limits else SearchConfig())
+        self.shape_hints = dict(shape_hints or {})
+        self.compare_fuseops = compare_fuseops
+        self.plan = FusionPlan()
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Fuse every dataflow block of every non-primitive Relax function."""
+        start = time.perf_counter()
+        funcs = _fusable_functions(mod)
+        dims = default_dims(mod, self.shape_hints)
+        plan = FusionPlan(
+            target=str(getattr(self.backend, "name", "") or self.hw.target.get("kind", "")),
+            hardware=self.hw.name,
+            cost_model=self.cost_model.name,
+            dims=dims,
+        )
+        baseline = {}
+        if self.compare_fuseops:
+            try:
+                baseline = fuseops_groups(mod, funcs)
+            except Exception as err:  # noqa: BLE001 - the baseline is informative only
+                plan.notes.append(f"FuseOps baseline unavailable: {err}")
+                baseline = None
+        bb = relax.BlockBuilder(mod)
+        info_cache: dict = {}
+        search_s = 0.0
+        fo_time = 0.0 if baseline is not None else None
+        fo_kernels = 0 if baseline is not None else None
+        for fi, fname in enumerate(funcs):
+            func = mod[fname]
+            if not isinstance(func.body, relax.SeqExpr):
+                continue
+            new_blocks = []
+            for bi, block in enumerate(func.body.blocks):
+                if not isinstance(block, relax.DataflowBlock):
+                    new_blocks.append(block)
+                    continue
+                used_later = vars_used_after(func, bi)
+                graph = build_fusion_graph(mod, block, used_later, dims, info_cache)
+                t0 = time.perf_counter()
+                groups = search_partition(graph, self.cost_model, self.config)
+                search_s += time.perf_counter() - t0
+                fo_groups = None
+                if baseline is not None:
+                    fo_groups = _complete(baseline.get((fi, bi), []), len(graph.nodes))
+                    fo_time += self.cost_model.estimate_plan(graph, fo_groups)
+                    fo_kernels += count_kernels(graph, fo_groups)
+                plan.blocks.append(BlockPlan(fname, bi, groups, fo_groups, graph))
+                plan.predicted_time_s += self.cost_model.estimate_plan(graph, groups)
+                plan.unfused_time_s += self.cost_model.estimate_plan(graph, singletons(graph))
+                plan.num_kernels += count_kernels(graph, groups)
+                plan.unfused_kernels += count_kernels(graph, singletons(graph))
+                for g in groups:
+                    if any(graph.nodes[i].info is not None for i in g):
+                        name = "+".join(graph.nodes[i].func_name for i in sorted(g))
+                        plan.groups.append(group_plan(graph, g, self.cost_model, fname, name))
+                new_blocks.append(rewrite_block(bb, graph, block, groups, used_later))
+            new_func = relax.Function(
+                func.params, relax.SeqExpr(new_blocks, func.body.body), func.ret_ty,
+                func.is_pure, func.attrs, func.span,
+            )
+            bb.update_func(mod.get_global_var(fname), new_func)
+        plan.fuseops_time_s = fo_time
+        plan.fuseops_kernels = fo_kernels
+        plan.search_time_s = search_s
+        plan.notes.append(f"pass time {time.perf_counter() - start:.3f} s")
+        self.plan = plan
+        return bb.get()
+
+
+def _complete(groups: list[set[int]], n: int) -> list[frozenset[int]]:
+    covered = set().union(*groups) if groups else set()
+    return [frozenset(g) for g in groups] + [frozenset([i]) for i in range(n) if i not in covered]

@@ -1,0 +1,149 @@
+"""The fusion plan: which ops form which kernel, and what the cost model predicts.
+
+A :class:`FusionPlan` is produced by :class:`~fusion_tvm.passes.FuseByCostModel` and
+compares our partition with FuseOps's and with the unfused one *under the same cost
+model*, which gives the predicted speedup before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .cost_models.base import CostModel
+from .graph import FusionGraph
+
+
+@dataclass
+class GroupPlan:
+    """One kernel of the plan."""
+
+    name: str
+    function: str  # Relax function holding the block
+    ops: list[str]  # binding names of the members
+    prim_funcs: list[str]  # PrimFuncs fused
+    kind: str
+    rule: str
+    predicted_time_s: float
+    dram_bytes: float
+    onchip_bytes: float
+    flops: float
+    bound: str
+    node_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class BlockPlan:
+    """The plan of one dataflow block, with its graph kept for explanations."""
+
+    function: str
+    block_index: int
+    groups: list[frozenset[int]]
+    fuseops_groups: list[frozenset[int]] | None
+    graph: FusionGraph = field(repr=False)
+
+
+@dataclass
+class FusionPlan:
+    """Plan of a whole module."""
+
+    target: str = ""
+    hardware: str = ""
+    cost_model: str = ""
+    dims: dict = field(default_factory=dict)
+    groups: list[GroupPlan] = field(default_factory=list)
+    predicted_time_s: float = 0.0
+    fuseops_time_s: float | None = None
+    unfused_time_s: float = 0.0
+    num_kernels: int = 0
+    fuseops_kernels: int | None = None
+    unfused_kernels: int = 0
+    search_time_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    blocks: list[BlockPlan] = field(default_factory=list, repr=False)
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def baseline_time_s(self) -> float | None:
+        """Predicted time of FuseOps's partition under the same model."""
+        return self.fuseops_time_s
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """Predicted speedup of our partition over FuseOps's."""
+        if not self.fuseops_time_s or not self.predicted_time_s:
+            return None
+        return self.fuseops_time_s / self.predicted_time_s
+
+    # ----------------------------------------------------------------- output
+    def to_json(self) -> dict:
+        """A JSON-ready summary (groups included, graphs left out)."""
+        d = {k: v for k, v in asdict(self).items() if k != "blocks"}
+        d["predicted_speedup"] = self.predicted_speedup
+        return d
+
+    def dumps(self) -> str:
+        """The JSON summary as text."""
+        return json.dumps(self.to_json(), indent=2, default=str)
+
+    def table(self, max_rows: int = 200) -> str:
+        """A readable per-group table with the summary lines."""
+        lines = [
+            f"fusion plan for {self.target} on {self.hardware} (cost model: {self.cost_model})",
+            f"symbolic dims evaluated at: {self.dims or 'none'}",
+            "",
+            f"{'#':>4}  {'kernel':<44} {'ops':>3}  {'rule':<11} {'pred us':>9} "
+            f"{'DRAM KB':>9}  bound",
+        ]
+        for k, g in enumerate(self.groups[:max_rows]):
+            lines.append(
+                f"{k:>4}  {g.name[:44]:<44} {len(g.ops):>3}  {g.rule:<11} "
+                f"{g.predicted_time_s * 1e6:>9.1f} {g.dram_bytes / 1024:>9.1f}  {g.bound}"
+            )
+        if len(self.groups) > max_rows:
+            lines.append(f"  ... {len(self.groups) - max_rows} more")
+        lines.append("")
+        lines.append(
+            f"kernels: unfused {self.unfused_kernels}, FuseOps "
+            f"{self.fuseops_kernels if self.fuseops_kernels is not None else '-'}, "
+            f"ours {self.num_kernels}"
+        )
+        fo = f"{self.fuseops_time_s * 1e3:.3f} ms" if self.fuseops_time_s else "-"
+        lines.append(
+            f"predicted: unfused {self.unfused_time_s * 1e3:.3f} ms, FuseOps {fo}, "
+            f"ours {self.predicted_time_s * 1e3:.3f} ms"
+        )
+        if self.predicted_speedup:
+            lines.append(f"predicted speedup vs FuseOps: {self.predicted_speedup:.2f}x")
+        lines.append(f"search time: {self.search_time_s * 1e3:.1f} ms")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def group_plan(
+    graph: FusionGraph, group: frozenset[int], model: CostModel, function: str, name: str
+) -> GroupPlan:
+    """Describe one group with the model's prediction."""
+    from .legality import classify
+
+    cost = model.estimate(graph, group)
+    members = sorted(group)
+    return GroupPlan(
+        name=name,
+        function=function,
+        ops=[graph.nodes[i].name for i in members],
+        prim_funcs=[graph.nodes[i].func_name for i in members],
+        kind=classify(graph, group).value,
+        rule=str(cost.detail.get("rule", "")),
+        predicted_time_s=cost.time_s,
+        dram_bytes=cost.dram_bytes,
+        onchip_bytes=cost.onchip_bytes,
+        flops=cost.flops,
+        bound=cost.reason,
+        node_ids=members,
+    )
+
+
+def count_kernels(graph: FusionGraph, groups) -> int:
+    """Kernels launched by a partition (barriers launch none)."""
+    return sum(1 for g in groups if any(graph.nodes[i].info is not None for i in g))

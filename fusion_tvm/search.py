@@ -1,0 +1,260 @@
+"""Partition search: the legal partition with the least predicted time.
+
+* :func:`exact_partition` — dynamic programming over the down-closed sets (ideals) of
+  the graph: optimal for the cost model, used when the block has few fusible nodes.
+* :func:`greedy_partition` — priority merging (XLA-style): repeatedly merge the
+  producer/consumer pair of groups with the largest predicted gain, keeping every
+  group legal and the group graph acyclic; incremental and deterministic.
+* :func:`brute_force_partition` — enumerates all set partitions; for tests only.
+
+All three return a list of groups (frozensets of node ids) covering every node of the
+graph; barriers are always singletons.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+
+from .cost_models.base import CostModel
+from .graph import FusionGraph
+from .legality import FusionDecision, TemplateLimits, is_legal, quotient_is_acyclic
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Options of the partition search.
+
+    Attributes
+    ----------
+    exact_limit : int
+        Blocks with at most this many fusible nodes are solved exactly.
+    max_exact_groups : int
+        Safety valve on the number of candidate groups the exact search may enumerate.
+    limits : TemplateLimits
+        What the target's templates can schedule in one group.
+    """
+
+    exact_limit: int = 12
+    max_exact_groups: int = 20000
+    limits: TemplateLimits = field(default_factory=TemplateLimits)
+
+
+def _acceptable(graph, group, model, limits) -> FusionDecision:
+    d = is_legal(graph, group, limits)
+    if not d:
+        return d
+    cost = model.estimate(graph, group)
+    if not cost.feasible:
+        return FusionDecision.forbid(cost.reason)
+    return d
+
+
+# ------------------------------------------------------------------------- exact
+def _connected_groups(graph: FusionGraph, limit: int) -> Iterator[frozenset[int]]:
+    """Every weakly connected set of fusible nodes (grown from its smallest node)."""
+    fusible = set(graph.fusible_nodes)
+    seen: set[frozenset[int]] = set()
+    for start in sorted(fusible):
+        stack = [frozenset([start])]
+        while stack:
+            g = stack.pop()
+            if g in seen:
+                continue
+            seen.add(g)
+            yield g
+            if len(seen) > limit:
+                return
+            border = {v for u in g for v in graph.succs[u] | graph.preds[u]}
+            for v in border:
+                if v in fusible and v not in g and v > start:
+                    stack.append(g | {v})
+
+
+def exact_partition(
+    graph: FusionGraph, model: CostModel, config: SearchConfig | None = None
+) -> list[frozenset[int]]:
+    """Optimal partition under ``model`` by DP over ideals (small graphs)."""
+    config = config or SearchConfig()
+    n = len(graph.nodes)
+    pred_mask = [sum(1 << p for p in graph.preds[i]) for i in range(n)]
+    candidates: list[tuple[int, int, float, frozenset[int]]] = []  # (mask, preds, cost, g)
+    for g in _connected_groups(graph, config.max_exact_groups):
+        if len(g) > 1 and not _acceptable(graph, g, model, config.limits):
+            continue
+        mask = sum(1 << i for i in g)
+        preds = 0
+        for i in g:
+            preds |= pred_mask[i]
+        preds &= ~mask
+        candidates.append((mask, preds, model.estimate(graph, g).time_s, g))
+    for i in range(n):
+        if not graph.nodes[i].fusible:
+            candidates.append((1 << i, pred_mask[i], model.estimate(graph, frozenset([i])).time_s,
+                               frozenset([i])))
+    full = (1 << n) - 1
+    # index candidates by their lowest member so each state only scans the relevant ones
+    by_low: dict[int, list] = {}
+    for c in candidates:
+        low = (c[0] & -c[0]).bit_length() - 1
+        by_low.setdefault(low, []).append(c)
+
+    @cache
+    def best(done: int) -> tuple[float, tuple]:
+        if done == full:
+            return 0.0, ()
+        result = (float("inf"), ())
+        remaining = full & ~done
+        # Any group may come next if its external preds are done. Scan candidates whose
+        # lowest node is not yet done.
+        r = remaining
+        while r:
+            low = (r & -r).bit_length() - 1
+            r &= r - 1
+            for mask, preds, cost, g in by_low.get(low, ()):
+                if mask & done or (preds & ~done):
+                    continue
+                sub_cost, sub_groups = best(done | mask)
+                total = cost + sub_cost
+                if total < result[0] - 1e-15:
+                    result = (total, (g,) + sub_groups)
+        return result
+
+    _, groups = best(0)
+    best.cache_clear()
+    return sorted(groups, key=min)
+
+
+# ------------------------------------------------------------------------ greedy
+def greedy_partition(
+    graph: FusionGraph, model: CostModel, config: SearchConfig | None = None
+) -> list[frozenset[int]]:
+    """Priority merging of producer/consumer groups by predicted gain."""
+    config = config or SearchConfig()
+    n = len(graph.nodes)
+    group_of = list(range(n))
+    members: dict[int, frozenset[int]] = {i: frozenset([i]) for i in range(n)}
+    version = dict.fromkeys(range(n), 0)
+    cost = {i: model.estimate(graph, members[i]).time_s for i in range(n)}
+    g_succ = {i: set(graph.succs[i]) for i in range(n)}
+    g_pred = {i: set(graph.preds[i]) for i in range(n)}
+    lo = {i: i for i in range(n)}
+    hi = {i: i for i in range(n)}
+    heap: list = []
+
+    def push(a: int, b: int) -> None:
+        if not (graph.nodes[min(members[a])].fusible and graph.nodes[min(members[b])].fusible):
+            return
+        merged = members[a] | members[b]
+        if not _acceptable(graph, merged, model, config.limits):
+            return
+        gain = cost[a] + cost[b] - model.estimate(graph, merged).time_s
+        if gain > 0:
+            heapq.heappush(heap, (-gain, min(merged), a, b, version[a], version[b]))
+
+    def creates_cycle(a: int, b: int) -> bool:
+        # a -> b edge exists; any other path a ~> b through a third group makes a cycle.
+        limit = hi[b]
+        stack = [s for s in g_succ[a] if s != b and lo[s] < limit]
+        seen = set(stack)
+        while stack:
+            u = stack.pop()
+            for v in g_succ[u]:
+                if v == b:
+                    return True
+                if v not in seen and lo[v] < limit:
+                    seen.add(v)
+                    stack.append(v)
+        return False
+
+    for a in range(n):
+        for b in sorted(g_succ[a]):
+            push(a, b)
+    next_id = n
+    while heap:
+        _, _, a, b, va, vb = heapq.heappop(heap)
+        if a not in members or b not in members or version[a] != va or version[b] != vb:
+            continue
+        if b not in g_succ[a]:
+            continue
+        if creates_cycle(a, b):
+            continue
+        c = next_id
+        next_id += 1
+        members[c] = members.pop(a) | members.pop(b)
+        version[c] = 0
+        cost[c] = model.estimate(graph, members[c]).time_s
+        lo[c] = min(lo[a], lo[b])
+        hi[c] = max(hi[a], hi[b])
+        g_succ[c] = (g_succ.pop(a) | g_succ.pop(b)) - {a, b}
+        g_pred[c] = (g_pred.pop(a) | g_pred.pop(b)) - {a, b}
+        for s in g_succ[c]:
+            g_pred[s] -= {a, b}
+            g_pred[s].add(c)
+        for p in g_pred[c]:
+            g_succ[p] -= {a, b}
+            g_succ[p].add(c)
+        for i in members[c]:
+            group_of[i] = c
+        for s in sorted(g_succ[c]):
+            push(c, s)
+        for p in sorted(g_pred[c]):
+            push(p, c)
+    return sorted(members.values(), key=min)
+
+
+# ------------------------------------------------------------------- reference
+def _set_partitions(items: list[int]) -> Iterator[list[list[int]]]:
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _set_partitions(rest):
+        for k in range(len(part)):
+            yield part[:k] + [[first] + part[k]] + part[k + 1:]
+        yield [[first]] + part
+
+
+def brute_force_partition(
+    graph: FusionGraph, model: CostModel, config: SearchConfig | None = None
+) -> tuple[float, list[frozenset[int]]]:
+    """Enumerate every set partition (tests only; n <= ~10)."""
+    config = config or SearchConfig()
+    best = (float("inf"), [])
+    for part in _set_partitions(list(range(len(graph.nodes)))):
+        groups = [frozenset(p) for p in part]
+        if any(len(g) > 1 and not _acceptable(graph, g, model, config.limits) for g in groups):
+            continue
+        if not quotient_is_acyclic(graph, groups):
+            continue
+        total = sum(model.estimate(graph, g).time_s for g in groups)
+        if total < best[0] - 1e-15:
+            best = (total, sorted(groups, key=min))
+    return best
+
+
+def search_partition(
+    graph: FusionGraph, model: CostModel, config: SearchConfig | None = None
+) -> list[frozenset[int]]:
+    """Exact search for small blocks, greedy merging for large ones."""
+    config = config or SearchConfig()
+    if len(graph.fusible_nodes) <= config.exact_limit:
+        return exact_partition(graph, model, config)
+    return greedy_partition(graph, model, config)
+
+
+def singletons(graph: FusionGraph) -> list[frozenset[int]]:
+    """The unfused partition."""
+    return [frozenset([i]) for i in range(len(graph.nodes))]
+
+
+__all__ = [
+    "SearchConfig",
+    "brute_force_partition",
+    "exact_partition",
+    "greedy_partition",
+    "search_partition",
+    "singletons",
+]
