@@ -253,7 +253,7 @@ def default_dims(mod: tvm.IRModule, hints: Mapping[str, int] | None = None) -> d
     """
     hints = dict(hints or {})
     dims: dict[str, int] = {}
-    for gv, func in mod.functions.items():
+    for func in mod.functions.values():
         if not isinstance(func, relax.Function):
             continue
         for p in func.params:

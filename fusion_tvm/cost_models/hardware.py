@@ -211,7 +211,8 @@ class HardwareSpec:
             try:
                 data = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as err:
-                raise InvalidHardwareSpecError(f"cannot read hardware spec '{path}': {err}") from err
+                msg = f"cannot read hardware spec '{path}': {err}"
+                raise InvalidHardwareSpecError(msg) from err
         if not isinstance(data, Mapping):
             raise InvalidHardwareSpecError("hardware spec must be a JSON object")
         d = dict(data)
