@@ -1,0 +1,542 @@
+"""Benchmark fusion_tvm against FuseOps, stock TVM, onnxruntime and PyTorch on the model zoo.
+
+    python benchmarks/run.py --quick                       # CI: small models, checks numerics
+    python benchmarks/run.py --models resnet18 bert_2l:batch=8,seq=64 --threads 2 --repeat 50
+
+A model is ``name`` or ``name:key=value,...`` (keywords of ``benchmarks.zoo.get_model``,
+e.g. ``small=True``). Every contender runs on the same feeds with the same thread count; runs are
+interleaved (round robin, rotating the order) so drifting machine load hits all contenders alike.
+Exit status: 0 when every contender that ran agrees with onnxruntime, 1 on a mismatch or a
+failed compile, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # allow ``python benchmarks/run.py`` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_SUITE = ["mlp", "detection_head", "resnet18", "resnet18:batch=8", "resnet50",
+                 "mobilenetv2", "bert_2l_s16", "bert_2l", "bert_2l:batch=8", "bert_base",
+                 "gpt2_2l", "gpt2", "vit_tiny"]
+# --quick: realistic operator mix at dimensions that compile and run in seconds on 2 cores.
+QUICK_SUITE = ["mlp", "detection_head", "resnet18:image=64,width=16",
+               "bert_2l_s16:hidden=256,heads=4,ffn=1024,vocab=1000",
+               "gpt2_2l:hidden=256,heads=4,seq=32,vocab=1000,max_pos=64"]
+CONTENDERS = ["ours", "fuseops", "stock_tvm", "onnxruntime", "torch_eager", "torch_compile"]
+REFERENCE = "onnxruntime"
+STOCK_LIMIT_S = 1.0  # stock TVM is not timed when one run takes longer than this
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- contenders
+class Skipped(Exception):  # noqa: N818 - a reason, not an error
+    """A contender that cannot run here (missing package, model too big); not a failure."""
+
+
+@dataclass
+class Context:
+    threads: int
+    target: str
+
+
+@dataclass
+class Prepared:
+    """A compiled contender: ``run(feeds)`` returns the outputs as numpy arrays."""
+
+    run: Callable[[dict], list]
+    compile_s: float
+    kernels: int | None = None
+    plan: object | None = None
+
+
+def _numpy_list(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [o.numpy() if hasattr(o, "numpy") else np.asarray(o) for o in out]
+
+
+def _fusion_tvm(fusion: str):
+    def prepare(model, ctx: Context) -> Prepared:
+        import fusion_tvm
+
+        if not hasattr(fusion_tvm, "compile"):
+            raise Skipped("fusion_tvm.compile is not available in this checkout")
+        t0 = time.perf_counter()
+        cm = fusion_tvm.compile(model, target=ctx.target, fusion=fusion)
+        dt = time.perf_counter() - t0
+        return Prepared(lambda feeds: list(cm.run(feeds)), dt, cm.num_kernels,
+                        getattr(cm, "plan", None))
+
+    return prepare
+
+
+def stock_tvm(model, ctx: Context) -> Prepared:
+    """Plain TVM: ``from_onnx`` -> ``zero`` pipeline (FuseOps) -> ``tvm.compile``, untuned."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    t0 = time.perf_counter()
+    mod = relax.get_pipeline("zero")(from_onnx(model))
+    vm = relax.VirtualMachine(tvm.compile(mod, ctx.target), tvm.cpu())
+    dt = time.perf_counter() - t0
+    names = _input_names(model)
+    fn = vm["main"]
+    return Prepared(lambda feeds: _numpy_list(fn(*[tvm.runtime.tensor(feeds[n]) for n in names])),
+                    dt, count_call_tir(mod))
+
+
+def onnxruntime(model, ctx: Context) -> Prepared:
+    """onnxruntime CPU with default options except the intra-op thread count."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise Skipped("onnxruntime not importable") from None
+    t0 = time.perf_counter()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = ctx.threads
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    return Prepared(lambda feeds: sess.run(None, feeds), time.perf_counter() - t0)
+
+
+def _torch_module(model, ctx: Context):
+    try:
+        import torch
+    except ImportError:
+        raise Skipped("torch not importable") from None
+    try:
+        from onnx2torch import convert
+    except ImportError:
+        raise Skipped("torch found but onnx2torch is not (needed to run zoo ONNX in torch)") \
+            from None
+    torch.set_num_threads(ctx.threads)
+    return torch, convert(model).eval()
+
+
+def _torch_prepared(torch, module, compile_s: float) -> Prepared:
+    def run(feeds):
+        with torch.inference_mode():
+            out = module(*[torch.from_numpy(v) for v in feeds.values()])
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return [o.numpy() for o in outs]
+
+    return Prepared(run, compile_s)
+
+
+def torch_eager(model, ctx: Context) -> Prepared:
+    t0 = time.perf_counter()
+    torch, module = _torch_module(model, ctx)
+    return _torch_prepared(torch, module, time.perf_counter() - t0)
+
+
+def torch_compile(model, ctx: Context) -> Prepared:
+    """torch.compile compiles on the first (warm-up) call; that call's time is its compile_s."""
+    torch, module = _torch_module(model, ctx)
+    return _torch_prepared(torch, torch.compile(module), 0.0)
+
+
+PREPARE: dict[str, Callable] = {
+    "ours": _fusion_tvm("cost"),
+    "fuseops": _fusion_tvm("fuseops"),
+    "stock_tvm": stock_tvm,
+    "onnxruntime": onnxruntime,
+    "torch_eager": torch_eager,
+    "torch_compile": torch_compile,
+}
+
+
+# ---------------------------------------------------------------------------- kernel counts
+def _input_names(model) -> list[str]:
+    init = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in init]
+
+
+def count_call_tir(mod) -> int:
+    """Kernels launched by ``main``: its ``call_tir`` bindings."""
+    import tvm
+    from tvm import relax
+
+    call_tir = {tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace")}
+    n = 0
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            if isinstance(b.value, relax.Call) and any(b.value.op.same_as(op) for op in call_tir):
+                n += 1
+    return n
+
+
+def stock_kernel_counts(model) -> dict[str, int]:
+    """Kernel count of the model one op per kernel, and after TVM's FuseOps (no build)."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    T = relax.transform  # noqa: N806
+    mod = from_onnx(model)
+    mod = T.LegalizeOps()(T.DecomposeOpsForInference()(mod))
+    mod = T.FoldConstant()(T.AnnotateTIROpPattern()(mod))
+    unfused = count_call_tir(mod)
+    fused = T.DeadCodeElimination()(T.FuseTIR()(T.FuseOps()(mod)))
+    return {"unfused": unfused, "fuseops": count_call_tir(fused)}
+
+
+# ---------------------------------------------------------------------------- measurement
+@dataclass
+class Result:
+    name: str
+    status: str = "ok"  # ok | skipped | failed | mismatch
+    note: str = ""
+    compile_s: float | None = None
+    kernels: int | None = None
+    times_s: list = field(default_factory=list)
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+
+    def stat(self, fn) -> float | None:
+        return fn(self.times_s) if self.times_s else None
+
+
+def errors(outs, ref) -> tuple[float, float]:
+    """Max abs error, and max abs error relative to the reference's largest magnitude."""
+    if len(outs) != len(ref):
+        return float("inf"), float("inf")
+    abs_err, rel_err = 0.0, 0.0
+    for got, want in zip(outs, ref, strict=True):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if got.shape != want.shape:
+            return float("inf"), float("inf")
+        e = float(np.abs(got - want).max()) if got.size else 0.0
+        abs_err = max(abs_err, e)
+        rel_err = max(rel_err, e / max(float(np.abs(want).max()) if want.size else 0.0, 1e-12))
+    return abs_err, rel_err
+
+
+def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dict:
+    results: dict[str, Result] = {}
+    prepared: dict[str, Prepared] = {}
+    plan = None
+    for name in contenders:
+        res = results[name] = Result(name)
+        progress(f"{label}: compiling {name}")
+        try:
+            p = PREPARE[name](model, ctx)
+        except Skipped as e:
+            res.status, res.note = "skipped", str(e)
+            progress(f"{label}: {name} skipped: {e}")
+            continue
+        except Exception as e:  # a contender that fails to build is reported, not fatal
+            res.status, res.note = "failed", f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            progress(f"{label}: {name} FAILED: {res.note}")
+            continue
+        res.compile_s, res.kernels = p.compile_s, p.kernels
+        if name == "ours":
+            plan = p.plan
+        prepared[name] = p
+
+    # Warm-up: the first call also gives the outputs checked against the reference.
+    outputs = {}
+    for name, p in list(prepared.items()):
+        progress(f"{label}: warm-up {name}")
+        try:
+            t0 = time.perf_counter()
+            outputs[name] = p.run(feeds)
+            first = time.perf_counter() - t0
+            if name == "torch_compile":
+                results[name].compile_s = first
+            for _ in range(args.warmup - 1):
+                p.run(feeds)
+        except Exception as e:
+            results[name].status = "failed"
+            results[name].note = f"run: {type(e).__name__}: {e}".splitlines()[0][:300]
+            del prepared[name]
+            continue
+        if name == "stock_tvm" and first > STOCK_LIMIT_S and not args.time_stock_anyway:
+            results[name].note = f"not timed: one run took {first:.1f} s (> {STOCK_LIMIT_S} s)"
+            del prepared[name]
+
+    ref_name = REFERENCE if REFERENCE in outputs else next(iter(outputs), None)
+    for name, outs in outputs.items():
+        if ref_name is None or name == ref_name:
+            continue
+        res = results[name]
+        res.max_abs_err, res.max_rel_err = errors(outs, outputs[ref_name])
+        if not res.max_rel_err <= args.rtol:
+            res.status = "mismatch"
+            res.note = (f"max rel err {res.max_rel_err:.2e} vs {ref_name} > {args.rtol:g}; "
+                        + res.note).rstrip("; ")
+
+    # Timed runs, round robin with a rotating order.
+    names = list(prepared)
+    progress(f"{label}: timing {', '.join(names)} x {args.repeat}")
+    for r in range(args.repeat):
+        k = r % max(len(names), 1)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            prepared[name].run(feeds)
+            results[name].times_s.append(time.perf_counter() - t0)
+
+    row = {"model": label, "reference": ref_name,
+           "contenders": {n: asdict(r) for n, r in results.items()}}
+    try:
+        row["kernels"] = stock_kernel_counts(model)
+    except Exception as e:
+        row["kernels"] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:200]}
+    if "fuseops" in results and results["fuseops"].kernels is not None:
+        row["kernels"]["fuseops"] = results["fuseops"].kernels
+    if "ours" in results and results["ours"].kernels is not None:
+        row["kernels"]["ours"] = results["ours"].kernels
+    if plan is not None:
+        row["predicted"] = {k: getattr(plan, k, None) for k in
+                            ("predicted_time_s", "baseline_time_s", "predicted_speedup")}
+    for res in results.values():
+        if res.times_s:
+            res_d = row["contenders"][res.name]
+            res_d["median_s"] = res.stat(statistics.median)
+            res_d["min_s"], res_d["max_s"] = res.stat(min), res.stat(max)
+    return row
+
+
+# ---------------------------------------------------------------------------- reporting
+def machine_info(threads: int) -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor() or "unknown"
+    info = {"cpu": cpu, "logical_cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(),
+            "threads": threads, "python": platform.python_version(),
+            "platform": platform.platform()}
+    for mod in ("tvm", "onnxruntime", "onnx", "numpy", "torch"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:
+            info[mod] = None
+    return info
+
+
+def _ms(x) -> str:
+    return "–" if x is None else (f"{x * 1e3:.3g}" if x < 1 else f"{x * 1e3:.0f}")
+
+
+def _lat(c: dict) -> str:
+    if c.get("median_s") is None:
+        return {"skipped": "skip", "failed": "FAIL"}.get(c["status"], "n/t")
+    return f"{_ms(c['median_s'])} ({_ms(c['min_s'])}–{_ms(c['max_s'])})"
+
+
+def markdown(rows: list[dict], info: dict, args) -> str:
+    out = ["# fusion_tvm benchmarks\n",
+           f"Machine: {info['cpu']}, {info['usable_cores']} usable cores; **{info['threads']} "
+           f"thread(s)** everywhere (TVM_NUM_THREADS, ort intra_op_num_threads, torch). "
+           f"TVM {info['tvm']}, onnxruntime {info['onnxruntime']}, torch {info['torch']}.  ",
+           f"Latency: median of {args.repeat} interleaved runs after {args.warmup} warm-up, "
+           f"ms (min–max). n/t: not timed; skip: contender unavailable (see notes).\n"]
+    present = [c for c in CONTENDERS if any(c in r["contenders"] for r in rows)]
+    head = ["model", "kernels unfused/FuseOps/ours", "pred. ms ours", "pred. speedup",
+            *[f"{c} ms" for c in present], "meas. speedup vs fuseops", "compile s ours/fuseops",
+            "err ours abs/rel"]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes: dict[tuple[str, str, str], list[str]] = {}
+    for r in rows:
+        cs, k, pred = r["contenders"], r.get("kernels", {}), r.get("predicted") or {}
+        kern = "/".join(str(k.get(x, "–")) for x in ("unfused", "fuseops", "ours"))
+        ours, fuse = cs.get("ours", {}), cs.get("fuseops", {})
+        speed = "–"
+        if ours.get("median_s") and fuse.get("median_s"):
+            speed = f"{fuse['median_s'] / ours['median_s']:.2f}x"
+        pspeed = pred.get("predicted_speedup")
+        comp = "/".join("–" if c.get("compile_s") is None else f"{c['compile_s']:.1f}"
+                        for c in (ours, fuse))
+        err = "–" if ours.get("max_abs_err") is None else \
+            f"{ours['max_abs_err']:.1e}/{ours['max_rel_err']:.1e}"
+        out.append("| " + " | ".join([
+            r["model"], kern, _ms(pred.get("predicted_time_s")),
+            "–" if pspeed is None else f"{pspeed:.2f}x",
+            *[_lat(cs[c]) if c in cs else "–" for c in present], speed, comp, err]) + " |")
+        for name, c in cs.items():
+            if c["note"]:
+                notes.setdefault((name, c["status"], c["note"]), []).append(r["model"])
+    detail = ["\n## Contenders\n", "| model | contender | status | median ms | min ms | max ms "
+              "| compile s | kernels | max abs err | max rel err |", "|" + "---|" * 10]
+    for r in rows:
+        for name, c in r["contenders"].items():
+            detail.append("| " + " | ".join([
+                r["model"], name, c["status"], _ms(c.get("median_s")), _ms(c.get("min_s")),
+                _ms(c.get("max_s")),
+                "–" if c["compile_s"] is None else f"{c['compile_s']:.2f}",
+                "–" if c["kernels"] is None else str(c["kernels"]),
+                "–" if c["max_abs_err"] is None else f"{c['max_abs_err']:.2e}",
+                "–" if c["max_rel_err"] is None else f"{c['max_rel_err']:.2e}"]) + " |")
+    out += detail
+    if notes:
+        out += ["\n## Notes\n", *(f"- {name} ({status}) on {', '.join(ms)}: {note}"
+                                   for (name, status, note), ms in notes.items())]
+    return "\n".join(out) + "\n"
+
+
+def plots(rows: list[dict], out_dir: Path) -> list[str]:
+    """Latency bars and predicted-vs-measured scatter; nothing when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        progress("matplotlib not importable: no plots")
+        return []
+    written = []
+    names = [c for c in CONTENDERS if any(r["contenders"].get(c, {}).get("median_s")
+                                          for r in rows)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+    width = 0.8 / max(len(names), 1)
+    for i, c in enumerate(names):
+        ys = [(r["contenders"].get(c, {}).get("median_s") or 0) * 1e3 for r in rows]
+        ax.bar([j + i * width for j in range(len(rows))], ys, width, label=c)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticklabels([r["model"] for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("median latency (ms)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency.png", dpi=120)
+    written.append("latency.png")
+    pts = [(r["predicted"][p], r["contenders"][c]["median_s"], c)
+           for r in rows if r.get("predicted")
+           for p, c in (("predicted_time_s", "ours"), ("baseline_time_s", "fuseops"))
+           if r["predicted"].get(p) and r["contenders"].get(c, {}).get("median_s")]
+    if pts:
+        fig, ax = plt.subplots(figsize=(4.5, 4.5))
+        for c, marker in (("ours", "o"), ("fuseops", "x")):
+            sel = [(p * 1e3, m * 1e3) for p, m, cc in pts if cc == c]
+            if sel:
+                ax.scatter(*zip(*sel, strict=True), marker=marker, label=c)
+        lo = min(min(p, m) for p, m, _ in pts) * 1e3 * 0.8
+        hi = max(max(p, m) for p, m, _ in pts) * 1e3 * 1.25
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("predicted (ms)")
+        ax.set_ylabel("measured median (ms)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "predicted_vs_measured.png", dpi=120)
+        written.append("predicted_vs_measured.png")
+    plt.close("all")
+    return written
+
+
+# ---------------------------------------------------------------------------- driver
+def parse_model(spec: str) -> tuple[str, dict]:
+    """``name:key=value,key=value`` -> (name, kwargs); values parsed as Python literals."""
+    name, _, rest = spec.partition(":")
+    kw = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise argparse.ArgumentTypeError(f"bad model option {item!r} in {spec!r}")
+        try:
+            kw[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kw[key] = value
+    return name, kw
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", help="zoo models, name[:key=value,...]")
+    ap.add_argument("--quick", action="store_true",
+                    help="CI mode: small models, few repetitions, numerical check")
+    ap.add_argument("--threads", type=int, default=None, help="threads for every contender "
+                    "(default: usable cores)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per contender")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=CONTENDERS)
+    ap.add_argument("--target", default="llvm")
+    ap.add_argument("--rtol", type=float, default=1e-3,
+                    help="allowed max |err| / max |reference| per contender")
+    ap.add_argument("--time-stock-anyway", action="store_true",
+                    help=f"time stock TVM even when one run takes > {STOCK_LIMIT_S} s")
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    args = ap.parse_args(argv)
+    if args.threads is None:
+        args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+    if args.repeat is None:
+        args.repeat = 10 if args.quick else 50
+    args.warmup = max(args.warmup, 1)
+    if not args.models:
+        args.models = QUICK_SUITE if args.quick else DEFAULT_SUITE
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # Before TVM / torch / ort start their thread pools.
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    from benchmarks import zoo
+
+    models = []
+    for spec in args.models:
+        name, kw = parse_model(spec)
+        if name not in zoo.list_models():
+            print(f"unknown model {name!r}; known: {', '.join(zoo.list_models())}",
+                  file=sys.stderr)
+            return 2
+        models.append((spec, name, kw))
+    info = machine_info(args.threads)
+    progress(f"{info['cpu']}, {info['usable_cores']} cores, {args.threads} thread(s); "
+             f"{len(models)} model(s)")
+    ctx = Context(args.threads, args.target)
+    rows = []
+    for i, (label, name, kw) in enumerate(models, 1):
+        progress(f"[{i}/{len(models)}] {label}: building ONNX")
+        model = zoo.get_model(name, **kw)
+        feeds = zoo.example_inputs(model, seed=0)
+        rows.append(bench_model(label, model, feeds, args.contenders, ctx, args))
+        del model
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    md = markdown(rows, info, args)
+    print(md)
+    (args.out / "summary.md").write_text(md)
+    doc = {"machine": info, "args": {k: str(v) if isinstance(v, Path) else v
+                                     for k, v in vars(args).items()}, "models": rows}
+    (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    written = plots(rows, args.out)
+    progress(f"wrote {args.out}/summary.md, results.json" +
+             (", " + ", ".join(written) if written else ""))
+    bad = [f"{r['model']}/{n}: {c['status']}" for r in rows for n, c in r["contenders"].items()
+           if c["status"] in ("failed", "mismatch")]
+    if bad:
+        progress("FAILED: " + "; ".join(bad))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
