@@ -1,0 +1,210 @@
+"""One call from a model to a runnable, fused build: :func:`compile`."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .cost_models.hardware import HardwareSpec
+from .errors import InputMismatchError, UserInputError
+from .frontend import LoadedModel, load_model, load_torch
+from .pipeline import FusionMode, fusion_mode, make_pipeline
+from .plan import FusionPlan
+from .search import SearchConfig
+
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def count_kernels(mod: tvm.IRModule) -> int:
+    """``call_tir`` calls left in the Relax functions of ``mod`` (views excluded)."""
+    mod = relax.transform.RewriteDataflowReshape()(mod)
+    count = 0
+
+    def visit(e):
+        nonlocal count
+        if isinstance(e, relax.Call) and e.op.same_as(CALL_TIR):
+            count += 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return count
+
+
+class CompiledModel:
+    """A built model: run it, read its plan, export it.
+
+    Attributes
+    ----------
+    plan : FusionPlan or None
+        The fusion plan (None unless ``fusion="cost"``).
+    num_kernels : int
+        Kernels launched per run (reshape views excluded).
+    fused_mod : IRModule
+        The module after fusion and scheduling, before VM lowering.
+    compile_time_s : float
+    """
+
+    def __init__(self, executable, loaded: LoadedModel, fused_mod, plan, target, hw, device,
+                 compile_time_s: float):
+        self.executable = executable
+        self.loaded = loaded
+        self.fused_mod = fused_mod
+        self.plan: FusionPlan | None = plan
+        self.target = target
+        self.hw: HardwareSpec = hw
+        self.device = device
+        self.compile_time_s = compile_time_s
+        self.num_kernels = count_kernels(fused_mod)
+        self._vm = None
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Input names in feed order."""
+        return self.loaded.input_names
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        """The Relax VM (created on first use)."""
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(self.executable, self.device)
+        return self._vm
+
+    def _check_feeds(self, feeds) -> list[np.ndarray]:
+        names = self.loaded.input_names
+        if isinstance(feeds, Mapping):
+            unknown = sorted(set(feeds) - set(names))
+            missing = [n for n in names if n not in feeds]
+            if unknown or missing:
+                raise InputMismatchError(
+                    f"inputs do not match the model: missing {missing}, unknown {unknown}; "
+                    f"expected {list(names)}"
+                )
+            arrays = [feeds[n] for n in names]
+        else:
+            arrays = list(feeds)
+            if len(arrays) != len(names):
+                raise InputMismatchError(
+                    f"the model takes {len(names)} inputs {list(names)}, got {len(arrays)}"
+                )
+        out = []
+        bound: dict[str, int] = {}
+        for name, arr, shape, dtype in zip(
+            names, arrays, self.loaded.input_shapes, self.loaded.input_dtypes, strict=True
+        ):
+            arr = np.asarray(arr)
+            if str(arr.dtype) != dtype:
+                raise InputMismatchError(
+                    f"input '{name}' has dtype {arr.dtype}, the model expects {dtype}"
+                )
+            if shape and len(arr.shape) != len(shape):
+                raise InputMismatchError(
+                    f"input '{name}' has rank {arr.ndim} (shape {arr.shape}), the model "
+                    f"expects rank {len(shape)} {tuple(shape)}"
+                )
+            for axis, (want, got) in enumerate(zip(shape, arr.shape, strict=False)):
+                if isinstance(want, int) and want != got:
+                    raise InputMismatchError(
+                        f"input '{name}' axis {axis} is {got}, the model expects {want} "
+                        f"(shape {tuple(shape)})"
+                    )
+                if isinstance(want, str):
+                    if bound.setdefault(want, got) != got:
+                        raise InputMismatchError(
+                            f"symbolic dim '{want}' is {bound[want]} in an earlier input but "
+                            f"{got} in input '{name}' axis {axis}"
+                        )
+            out.append(np.ascontiguousarray(arr))
+        return out
+
+    def run(self, feeds: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run once; ``feeds`` maps input names to arrays (or lists them in order)."""
+        arrays = self._check_feeds(feeds)
+        args = [tvm.runtime.tensor(a, self.device) for a in arrays]
+        result = self.vm["main"](*args)
+        return _flatten(result)
+
+    def export(self, path: str | os.PathLike) -> str:
+        """Export the VM executable as a shared library loadable by ``tvm.runtime.load_module``."""
+        path = os.fspath(path)
+        self.executable.export_library(path)
+        return path
+
+
+def _flatten(value) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    out = []
+    for v in value:
+        out.extend(_flatten(v))
+    return out
+
+
+def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
+    model: Any,
+    target: str | None = None,
+    hw: str | HardwareSpec | None = None,
+    fusion: str | FusionMode = "cost",
+    schedule: bool = True,
+    cost_model: str = "roofline",
+    shape_hints: Mapping[str, int] | None = None,
+    shape_dict: Mapping[str, Sequence] | None = None,
+    example_inputs: Sequence[Any] | None = None,
+    search: SearchConfig | None = None,
+) -> CompiledModel:
+    """Compile a model with cost-model-driven fusion.
+
+    Parameters
+    ----------
+    model : str, os.PathLike, onnx.ModelProto, tvm.IRModule or torch.nn.Module
+        The model. A torch module needs ``example_inputs``.
+    target : str, optional
+        ``"llvm"`` (default: the host CPU), ``"cuda"`` or ``"hls"``.
+    hw : str or HardwareSpec, optional
+        Hardware preset name, JSON file or spec; the backend's default when None.
+    fusion : {"cost", "fuseops", "none"}
+        Our cost-model partition, TVM's FuseOps partition, or no fusion.
+    schedule : bool
+        Apply the target's schedule rules (False: stock untuned TIR).
+    cost_model : str
+        Registered cost model name.
+    shape_hints : mapping, optional
+        Expected values of symbolic dims (e.g. ``{"N": 8}``) for the cost model.
+    shape_dict : mapping, optional
+        ONNX input shapes to override (strings stay symbolic).
+    example_inputs : sequence, optional
+        For torch modules.
+    search : SearchConfig, optional
+        Search options.
+
+    Returns
+    -------
+    CompiledModel
+    """
+    start = time.perf_counter()
+    if hasattr(model, "forward") and hasattr(model, "parameters"):
+        if example_inputs is None:
+            raise UserInputError("a torch.nn.Module needs example_inputs")
+        loaded = load_torch(model, example_inputs)
+    else:
+        loaded = load_model(model, shape_dict=shape_dict)
+    parts = make_pipeline(
+        target=target or "llvm", hw=hw, fusion=fusion_mode(fusion), schedule=schedule,
+        cost_model=cost_model, shape_hints=shape_hints, config=search,
+    )
+    with parts.target:
+        mod = parts.prepare(loaded.mod)
+        mod = parts.fuse(mod)
+        mod = parts.schedule(mod)
+    plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
+    executable = tvm.compile(mod, target=parts.target, relax_pipeline=parts.lower)
+    return CompiledModel(
+        executable, loaded, mod, plan, parts.target, parts.hw, parts.backend.device(),
+        time.perf_counter() - start,
+    )
