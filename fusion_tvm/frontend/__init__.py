@@ -106,7 +106,7 @@ def load_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any =
 def from_irmodule(mod: IRModule, source: Source) -> LoadedModel:
     """Describe a Relax module whose ``main`` is the entry point."""
     main = _main_function(mod)
-    names = [p.name_hint for p in main.params]
+    names = [p.name for p in main.params]
     num_outputs = len(main.ret_ty.fields) if isinstance(main.ret_ty, relax.TupleType) else 1
     outputs = ["output"] if num_outputs == 1 else [f"output_{i}" for i in range(num_outputs)]
     return _describe(mod, source, names, outputs)

@@ -223,10 +223,10 @@ class _Importer(_stock.ONNXGraphImporter):
         return expr
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if len(lines) > 1 and len(lines[0]) < 20 else lines[0]
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def convert_onnx(
