@@ -1,0 +1,98 @@
+"""ApplyTargetSchedule: schedule every PrimFunc with the target backend's rules."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import tvm
+from tvm import tirx
+
+from ..cost_models.hardware import HardwareSpec
+from ..cost_models.presets import get_hardware
+from ..targets.base import Backend, ScheduleRule, get_backend
+
+logger = logging.getLogger(__name__)
+
+#: Attribute naming the rule that scheduled a PrimFunc.
+RULE_ATTR = "fusion_tvm.rule"
+SCHEDULED_ATTR = "tirx.is_scheduled"
+
+
+def is_scheduled(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` carries ``tirx.is_scheduled`` = true."""
+    return func.attrs is not None and bool(func.attrs.get(SCHEDULED_ATTR, False))
+
+
+def schedule_primfunc(
+    func: tirx.PrimFunc,
+    rules: Sequence[ScheduleRule],
+    target: tvm.target.Target,
+    hw: HardwareSpec,
+) -> tirx.PrimFunc | None:
+    """Try ``rules`` in order on ``func``; the first schedule returned wins.
+
+    A rule that raises is logged and skipped, so a bug in one template costs speed,
+    never the build. Returns the scheduled function with ``tirx.is_scheduled`` and
+    ``fusion_tvm.rule`` set, or None when no rule matched.
+    """
+    for rule in rules:
+        try:
+            sch = rule.apply(func, target, hw)
+        except Exception as err:  # noqa: BLE001 - any failure means "try the next rule"
+            logger.debug("schedule rule %s failed: %s", rule.name, err)
+            continue
+        if sch is None:
+            continue
+        scheduled = sch.mod["main"]
+        # Keep the caller-visible attrs (global_symbol, noalias, ...) of the original.
+        if func.attrs is not None:
+            for key, value in func.attrs.items():
+                if scheduled.attrs is None or key not in scheduled.attrs:
+                    scheduled = scheduled.with_attr(key, value)
+        scheduled = scheduled.with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, rule.name)
+        return scheduled
+    return None
+
+
+@tvm.transform.module_pass(opt_level=0, name="ApplyTargetSchedule")
+class ApplyTargetSchedule:
+    """Schedule each not-yet-scheduled PrimFunc with the backend's rules (first match wins).
+
+    Parameters
+    ----------
+    backend : str or Backend
+        The target backend (``"llvm"``...) whose ``schedule_rules`` are applied.
+    hw : str or HardwareSpec, optional
+        Hardware the templates size their tiles for; the backend's default if None.
+
+    Notes
+    -----
+    The input module is never mutated: a new module holds the scheduled functions.
+    Whether a function fits the backend's target is checked here, once, not by the rules:
+    a PrimFunc whose ``target`` attribute names another target kind is left alone.
+    """
+
+    def __init__(self, backend: str | Backend = "llvm", hw: str | HardwareSpec | None = None):
+        self.backend = get_backend(backend)
+        self.hw = get_hardware(hw if hw is not None else self.backend.default_hardware)
+        self.target = self.backend.target(self.hw)
+        self.rules = list(self.backend.schedule_rules(self.hw))
+
+    def _fits(self, func: tirx.PrimFunc) -> bool:
+        own = func.attrs.get("target") if func.attrs is not None else None
+        return own is None or own.kind.name == self.target.kind.name
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        """Return a copy of ``mod`` with every schedulable PrimFunc scheduled."""
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or is_scheduled(func) or not self._fits(func):
+                continue
+            scheduled = schedule_primfunc(func, self.rules, self.target, self.hw)
+            if scheduled is not None:
+                updates[gvar] = scheduled
+        if not updates:
+            return mod
+        functions = {gvar: updates.get(gvar, func) for gvar, func in mod.functions_items()}
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)

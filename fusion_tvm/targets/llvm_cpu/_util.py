@@ -1,0 +1,154 @@
+"""Schedule helpers shared by the LLVM-CPU rules (block analysis, inlining, loop shaping)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
+
+from ...cost_models.hardware import HardwareSpec
+
+#: Below this many output elements a kernel is not worth waking the thread pool for.
+MIN_PARALLEL_ELEMENTS = 1 << 14
+#: Same threshold for compute-bound kernels, in FLOPs (~20 us of one core's work).
+MIN_PARALLEL_FLOPS = 1 << 21
+
+
+def lanes(hw: HardwareSpec, dtype_bits: int) -> int:
+    """SIMD lanes of one vector register for elements of ``dtype_bits``."""
+    return max(1, hw.simd_width_bits // max(8, dtype_bits))
+
+
+def root_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:
+    """The blocks directly under the root block of ``sch``'s function."""
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def iter_kinds(sch: s_tir.Schedule, block: SBlockRV) -> str:
+    """``"S"``/``"R"``/``"O"`` per block iter var, e.g. ``"SSR"``."""
+    kinds = {tirx.IterVar.DataPar: "S", tirx.IterVar.CommReduce: "R"}
+    return "".join(kinds.get(iv.iter_type, "O") for iv in sch.get(block).iter_vars)
+
+
+def is_spatial(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether every iter of ``block`` is data-parallel."""
+    return set(iter_kinds(sch, block)) <= {"S"}
+
+
+def is_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether ``block`` has both spatial and reduction iters and no other kind."""
+    return set(iter_kinds(sch, block)) == {"S", "R"} or iter_kinds(sch, block) == "R"
+
+
+def dtype_bits(sch: s_tir.Schedule, block: SBlockRV) -> int:
+    """Bit width of what ``block`` writes (32 if it writes nothing)."""
+    writes = sch.get(block).writes
+    return int(writes[0].source.dtype.bits) if writes else 32
+
+
+def static_extent(sch: s_tir.Schedule, loop: LoopRV) -> int | None:
+    """The loop's extent when it is a constant, else None."""
+    ext = sch.get(loop).extent
+    return int(ext.value) if isinstance(ext, tirx.IntImm) else None
+
+
+def inline_spatial(
+    sch: s_tir.Schedule,
+    keep: tuple[SBlockRV, ...] = (),
+    into_reductions: bool = False,
+) -> list[SBlockRV]:
+    """Inline every spatial root block that can be inlined; return the blocks left.
+
+    Producers are inlined into their consumers first (prologues, epilogue chains), then
+    what remains is tried as a reverse inline into its producer. ``keep`` is never inlined.
+    A producer feeding a reduction is inlined only with ``into_reductions``: a reduction
+    reads each input element many times, so inlining there recomputes the producer.
+    """
+    keep_stmts = [sch.get(b) for b in keep]
+
+    def kept(b: SBlockRV) -> bool:
+        if any(sch.get(b).same_as(k) for k in keep_stmts):
+            return True
+        if into_reductions:
+            return False
+        return any(not is_spatial(sch, c) for c in sch.get_consumers(b))
+
+    for primitive in (sch.compute_inline, sch.reverse_compute_inline):
+        changed = True
+        while changed:
+            changed = False
+            for block in root_blocks(sch):
+                if kept(block) or not is_spatial(sch, block):
+                    continue
+                try:
+                    primitive(block)
+                except ScheduleError:
+                    continue
+                changed = True
+                break
+    return root_blocks(sch)
+
+
+def pick_vector_width(extent: int | None, max_lanes: int) -> int:
+    """Widest power-of-two vector (<= ``max_lanes``) that divides ``extent``; 1 if none."""
+    if extent is None:
+        return max_lanes
+    width = max_lanes
+    while width > 1 and extent % width:
+        width //= 2
+    return width
+
+
+def parallel_vectorize(
+    sch: s_tir.Schedule,
+    block: SBlockRV,
+    hw: HardwareSpec,
+    *,
+    parallel: bool = True,
+    loops: list[LoopRV] | None = None,
+) -> None:
+    """Shape the (spatial) loops of ``block``: parallel outer, vectorized inner.
+
+    Trailing loops with constant extents are fused and vectorized at the SIMD width that
+    divides their product (so static shapes never get a scalar tail); when the trailing
+    extent is symbolic the vector split carries a tail predicate. Everything outside the
+    vector loop is fused into one parallel loop when the block is big enough to pay for
+    the thread pool.
+    """
+    loops = list(sch.get_loops(block)) if loops is None else list(loops)
+    if not loops:
+        return
+    max_lanes = lanes(hw, dtype_bits(sch, block))
+    extents = [static_extent(sch, lp) for lp in loops]
+    big = None in extents or math.prod(extents) >= MIN_PARALLEL_ELEMENTS
+    # Trailing constant loops form the vector candidate.
+    tail: list[LoopRV] = []
+    for loop in reversed(loops):
+        if static_extent(sch, loop) is None:
+            break
+        tail.insert(0, loop)
+    head = loops[: len(loops) - len(tail)]
+    total = math.prod(static_extent(sch, lp) for lp in tail) if tail else None
+    if tail:
+        inner = sch.fuse(*tail) if len(tail) > 1 else tail[0]
+        width = pick_vector_width(total, max_lanes)
+    else:
+        inner = sch.fuse(*head) if len(head) > 1 else head[0]
+        head = []
+        width = max_lanes
+    vec = None
+    if width > 1 and (total is None or total >= width):
+        outer, vec = sch.split(inner, [None, width])
+        # Keep a modest serial chunk inside the parallel loop so each task is not tiny.
+        head.append(outer)
+    else:
+        head.append(inner)
+    par = sch.fuse(*head) if len(head) > 1 else head[0]
+    if parallel and big and hw.num_cores > 1:
+        with contextlib.suppress(ScheduleError):
+            sch.parallel(par)
+    if vec is not None:
+        with contextlib.suppress(ScheduleError):
+            sch.vectorize(vec)

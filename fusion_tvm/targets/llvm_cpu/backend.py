@@ -1,0 +1,28 @@
+"""The LLVM-CPU backend: x86/ARM CPUs through TVM's LLVM code generator."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...cost_models.hardware import DeviceKind, HardwareSpec
+from ..base import Backend, ScheduleRule, register_backend
+from .conv2d import Conv2d
+from .elementwise import Elementwise
+from .fallback import Fallback
+from .matmul import Matmul
+from .reduction import Reduction
+
+
+@register_backend("llvm")
+class LLVMCPUBackend(Backend):
+    """CPU backend: schedule templates sized from the :class:`HardwareSpec`."""
+
+    default_hardware = "host"
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        return DeviceKind.CPU
+
+    def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
+        """Most specific first; :class:`Fallback` matches anything."""
+        return (Matmul(), Conv2d(), Reduction(), Elementwise(), Fallback())

@@ -1,0 +1,79 @@
+"""Fallback rule: matches any PrimFunc; parallel outer loops, vectorized inner loops."""
+
+from __future__ import annotations
+
+import contextlib
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import ScheduleError
+
+from ...cost_models.hardware import HardwareSpec
+from ..base import ScheduleRule
+from ._util import MIN_PARALLEL_ELEMENTS, inline_spatial, is_spatial, parallel_vectorize
+
+
+class Fallback(ScheduleRule):
+    """Last rule of the list: always returns a schedule, however plain.
+
+    Spatial blocks get :func:`parallel_vectorize`; blocks with reductions get their
+    leading spatial loops fused into one parallel loop. Any primitive the IR refuses is
+    skipped, so the rule never fails on a valid PrimFunc.
+    """
+
+    name = "fallback"
+
+    def apply(
+        self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
+    ) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        try:
+            blocks = inline_spatial(sch)
+        except ScheduleError:  # no root block (opaque or already-lowered function)
+            return sch
+        for block in blocks:
+            # A primitive that half-applies leaves a valid schedule; go on with the next block.
+            with contextlib.suppress(ScheduleError):
+                if is_spatial(sch, block):
+                    parallel_vectorize(sch, block, hw)
+                else:
+                    _parallel_leading_spatial(sch, block, hw)
+        return sch
+
+
+def _parallel_leading_spatial(sch: s_tir.Schedule, block, hw: HardwareSpec) -> None:
+    """Fuse the loops above the first reduction loop and run them in parallel."""
+    if hw.num_cores <= 1:
+        return
+    spatial_vars = {
+        iv.var for iv in sch.get(block).iter_vars if iv.iter_type == tirx.IterVar.DataPar
+    }
+    iter_vars = [iv.var for iv in sch.get(block).iter_vars]
+    bindings = dict(zip(iter_vars, _block_bindings(sch, block), strict=True))
+    lead = []
+    for loop in sch.get_loops(block):
+        loop_var = sch.get(loop).loop_var
+        users = [v for v, b in bindings.items() if _uses(b, loop_var)]
+        if not users or any(v not in spatial_vars for v in users):
+            break
+        lead.append(loop)
+    if not lead:
+        return
+    work = 1
+    for loop in sch.get_loops(block):
+        ext = sch.get(loop).extent
+        work = work * int(ext.value) if isinstance(ext, tirx.IntImm) else MIN_PARALLEL_ELEMENTS
+    if work < MIN_PARALLEL_ELEMENTS:
+        return
+    with contextlib.suppress(ScheduleError):
+        fused = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+        sch.parallel(fused)
+
+
+def _block_bindings(sch: s_tir.Schedule, block):
+    realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")(sch, block)
+    return list(realize.iter_values)
+
+
+def _uses(expr, var) -> bool:
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))

@@ -1,0 +1,286 @@
+"""Matmul rule: dense / matmul / batch-matmul with fused prologue and epilogue.
+
+Schedule (a GotoBLAS-style register kernel expressed in TIR):
+
+* the einsum is normalised to ``C[s, i, j] += A[s, i, k] * B[s, j, k]`` (dlight's index maps);
+* B is packed once into ``Bp[s, j // nr, k, j % nr]`` so the micro-kernel streams one
+  contiguous ``k x nr`` panel (producers of B, e.g. a transpose or cast, run inside the pack);
+* each parallel task owns an ``mr x nr`` tile of C held in registers (``cache_write`` to
+  ``local``, ``mr`` rows unrolled, ``nr`` columns vectorised) over the whole K loop;
+* the epilogue (bias, activation, residual...) runs on the tile right after it is finished,
+  while it is still in registers / L1: no intermediate C ever reaches memory.
+
+Tile sizes come from the :class:`HardwareSpec`: ``nr`` is two SIMD vectors, ``mr`` makes the
+``mr * nr / lanes`` accumulators fill half of the vector register file (the rest holds the B
+vectors, the A broadcast and what LLVM keeps live), and the whole ``mr x K`` A strip plus a
+``K x nr`` B panel are meant to stay in L2 (K blocking for K beyond that is not done yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits, get_index_map
+from tvm.s_tir.schedule import SBlockRV, ScheduleError
+
+from ...cost_models.hardware import HardwareSpec
+from ..base import ScheduleRule
+from ._util import (
+    MIN_PARALLEL_FLOPS,
+    inline_spatial,
+    is_reduction,
+    is_spatial,
+    lanes,
+    parallel_vectorize,
+    pick_vector_width,
+    root_blocks,
+    static_extent,
+)
+
+
+@dataclass(frozen=True)
+class MatmulTiles:
+    """Register tile of the micro-kernel and whether B is packed."""
+
+    mr: int
+    nr: int
+    pack_b: bool
+
+
+def derive_tiles(
+    hw: HardwareSpec, dtype_bits: int, m: int | None, n: int | None, b_j_contiguous: bool
+) -> MatmulTiles:
+    """Micro-kernel tile for ``hw``; ``m``/``n`` are None when symbolic.
+
+    ``nr`` = two vectors (one broadcast of A feeds two FMAs); ``mr`` = the power of two
+    whose accumulators take half the vector registers. Static ``n`` shrinks ``nr`` to the
+    widest power of two that divides it (no scalar tail), static ``m`` caps ``mr``.
+    """
+    vec = lanes(hw, dtype_bits)
+    nr_vectors = 2 if hw.num_vector_registers >= 16 else 1
+    nr = nr_vectors * vec
+    budget = max(1, hw.num_vector_registers // 2 // nr_vectors)
+    mr = 1
+    while mr * 2 <= budget:
+        mr *= 2
+    if n is not None:
+        # Narrow to a divisor of n while it stays a whole vector; below that pad N.
+        narrowed = pick_vector_width(n, nr)
+        nr = narrowed if narrowed >= vec else nr
+    if m is not None:
+        mr = max(1, min(mr, m))
+    # Packing B costs one pass over K x N; for a few rows of A reading a row-major B
+    # directly (contiguous along j) is cheaper than building the panel.
+    pack_b = not (b_j_contiguous and m is not None and m < 2 * mr)
+    return MatmulTiles(mr=mr, nr=nr, pack_b=pack_b)
+
+
+def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
+    reductions = [b for b in blocks if not is_spatial(sch, b)]
+    if len(reductions) != 1 or not all(is_reduction(sch, b) for b in reductions):
+        return None
+    main = reductions[0]
+    if get_index_map(sch.get(main)) is None:
+        return None
+    return main
+
+
+def _b_j_contiguous(block: tirx.stmt.SBlock) -> bool:
+    """Whether B's innermost index is a J (output-column) iterator."""
+    a_vars = {v for r in block.reads[0].region for v in tirx.analysis.undefined_vars(r.min)}
+    c_vars = {v for r in block.writes[0].region for v in tirx.analysis.undefined_vars(r.min)}
+    last = block.reads[1].region[-1].min
+    return isinstance(last, tirx.Var) and last in c_vars and last not in a_vars
+
+
+def _largest_divisor(extent: int, cap: int) -> int:
+    return max(d for d in range(1, max(1, min(cap, extent)) + 1) if extent % d == 0)
+
+
+def _fused_inner_extents(block: tirx.stmt.SBlock) -> tuple:
+    """Extent of the innermost I and J iterators when several fuse into one axis.
+
+    Returns ``(inner_i, inner_j)``; each is None when that axis is a single iterator, an
+    ``int`` when static, or the symbolic extent.
+    """
+    traits = detect_iter_traits(block)
+    if traits is None:
+        return None, None
+    c_traits = traits[2]
+    result = []
+    for kind in (IterKind.kIter_I, IterKind.kIter_J):
+        of_kind = [t for t in c_traits if t.kind == kind]
+        if len(of_kind) <= 1:
+            result.append(None)
+            continue
+        ext = of_kind[-1].extent
+        result.append(int(ext.value) if isinstance(ext, tirx.IntImm) else ext)
+    return tuple(result)
+
+
+def _inline_operand(sch: s_tir.Schedule, block: SBlockRV, index: int) -> None:
+    """Inline the copy chain (reindex, pad) that feeds read ``index`` of ``block``."""
+    while True:
+        source = sch.get(block).reads[index].source
+        feeding = [
+            p
+            for p in sch.get_producers(block)
+            if any(w.source.same_as(source) for w in sch.get(p).writes)
+        ]
+        if len(feeding) != 1:
+            return
+        try:
+            sch.compute_inline(feeding[0])
+        except ScheduleError:
+            return
+
+
+def _inline_producers(sch: s_tir.Schedule, block: SBlockRV) -> None:
+    """Inline the whole spatial producer chain of ``block`` into it."""
+    changed = True
+    while changed:
+        changed = False
+        for producer in sch.get_producers(block):
+            if not is_spatial(sch, producer):
+                continue
+            try:
+                sch.compute_inline(producer)
+            except ScheduleError:
+                continue
+            changed = True
+            break
+
+
+class Matmul(ScheduleRule):
+    """Register-tiled GEMM with packed B, tile-level epilogue and parallel tiles."""
+
+    name = "matmul"
+
+    def apply(
+        self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
+    ) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        main = _main_block(sch, root_blocks(sch))
+        if main is None:
+            return None
+        inline_spatial(sch, keep=(main,))
+        # Producers of A stay materialised: inlining them would recompute them N times.
+        a_buffer = sch.get(main).reads[0].source
+        prologue = [
+            b
+            for b in sch.get_producers(main)
+            if is_spatial(sch, b) and any(w.source.same_as(a_buffer) for w in sch.get(b).writes)
+        ]
+        main_stmt = sch.get(main)
+        b_contiguous = _b_j_contiguous(main_stmt)
+        bits = int(main_stmt.writes[0].source.dtype.bits)
+
+        inner_i, inner_j = _fused_inner_extents(main_stmt)
+
+        # Step 1. Normalise to C[s, i, j] += A[s, i, k] * B[s, j, k].
+        reindex_a = sch.reindex(main, ("read", 0))
+        reindex_b = sch.reindex(main, ("read", 1))
+        reindex_c = sch.reindex(main, ("write", 0))
+        block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+        sch.transform_layout(reindex_a, ("write", 0), a_map)
+        sch.transform_layout(reindex_b, ("write", 0), b_map)
+        sch.transform_layout(reindex_c, ("read", 0), c_map)
+        sch.transform_block_layout(main, block_map)
+        batch, i, j, k = sch.get_loops(main)
+        tiles = derive_tiles(
+            hw, bits, static_extent(sch, i), static_extent(sch, j), b_contiguous
+        )
+        mr, nr = tiles.mr, tiles.nr
+        # When several loops fuse into I (or J), e.g. a batched A times a shared B, a tile
+        # must not straddle the inner extent, else the epilogue region is over-approximated.
+        tile_epilogue = True
+        if inner_i is not None:
+            mr = _largest_divisor(inner_i, mr) if isinstance(inner_i, int) else mr
+            tile_epilogue = isinstance(inner_i, int)
+        if inner_j is not None:
+            nr = _largest_divisor(inner_j, nr) if isinstance(inner_j, int) else nr
+            tile_epilogue = tile_epilogue and isinstance(inner_j, int)
+
+        # Step 2. A ragged N is padded to whole vectors so the kernel has no scalar tail.
+        n_static = static_extent(sch, j)
+        if n_static is None or n_static % nr:
+            with contextlib.suppress(ScheduleError):
+                sch.pad_einsum(main, [1, 1, nr, 1])
+                n_static = static_extent(sch, sch.get_loops(main)[2])
+                for block in sch.get_consumers(main):  # the padded-output copy joins the epilogue
+                    with contextlib.suppress(ScheduleError):
+                        sch.compute_inline(block)
+
+        # Step 3. Operands: pack B once (its producers run inside the pack), read A in place.
+        if tiles.pack_b:
+            packed = sch.cache_read(main, 1, "global")
+            _inline_producers(sch, packed)
+            pad = None if n_static is not None and n_static % nr == 0 else 0.0
+            sch.transform_layout(
+                packed,
+                ("write", 0),
+                lambda s, jj, kk: (s, jj // nr, kk, jj % nr),
+                pad_value=pad,
+            )
+            pack_loops = sch.get_loops(packed)
+            if len(pack_loops) == 4:  # padded: the block now iterates the packed layout
+                p_s, p_jo, p_k, p_ji = pack_loops
+            else:
+                p_s, p_j, p_k = pack_loops
+                p_jo, p_ji = sch.split(p_j, [None, nr])
+                sch.reorder(p_s, p_jo, p_k, p_ji)
+            sch.parallel(sch.fuse(p_s, p_jo))
+            with contextlib.suppress(ScheduleError):
+                sch.vectorize(p_ji)
+        else:
+            _inline_operand(sch, main, 1)
+        _inline_operand(sch, main, 0)
+        with contextlib.suppress(ScheduleError):
+            sch.reverse_compute_inline(reindex_c)
+
+        # Step 4. Register tile over the full K loop; tiles are the parallel tasks.
+        batch, i, j, k = sch.get_loops(main)
+        io, ii = sch.split(i, [None, mr])
+        jo, ji = sch.split(j, [None, nr])
+        sch.reorder(batch, io, jo, k, ii, ji)
+        tile = sch.fuse(batch, io, jo)
+        extents = [static_extent(sch, lp) for lp in (tile, ii, ji, k)]
+        flops = None if None in extents else 2 * extents[0] * extents[1] * extents[2] * extents[3]
+        if hw.num_cores > 1 and (flops is None or flops >= MIN_PARALLEL_FLOPS):
+            sch.parallel(tile)
+        acc = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(acc, tile, preserve_unit_loops=True)
+        with contextlib.suppress(ScheduleError):
+            sch.vectorize(sch.get_loops(acc)[-1])
+
+        # Step 5. Epilogue on the finished tile, consumers in dataflow order.
+        frontier = list(sch.get_consumers(acc))
+        placed: list = []
+        while frontier:
+            block = frontier.pop(0)
+            if any(sch.get(block).same_as(p) for p in placed):
+                continue
+            try:
+                if not tile_epilogue:
+                    raise ScheduleError("tile would straddle a fused axis")
+                sch.reverse_compute_at(block, tile, preserve_unit_loops=True)
+            except ScheduleError:
+                parallel_vectorize(sch, block, hw)
+                continue
+            placed.append(sch.get(block))
+            with contextlib.suppress(ScheduleError):
+                sch.vectorize(sch.get_loops(block)[-1])
+            frontier.extend(sch.get_consumers(block))
+
+        sch.unroll(ii)
+        sch.vectorize(ji)
+        sch.decompose_reduction(main, k)
+
+        # Step 6. Prologue blocks left at the root (e.g. a costly op feeding A).
+        for block in prologue:
+            with contextlib.suppress(ScheduleError):
+                parallel_vectorize(sch, block, hw)
+        return sch

@@ -1,0 +1,178 @@
+"""LLVM-CPU schedule rules: numerics against the unscheduled build, and which rule fired."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.script import relax as R
+
+import fusion_tvm.targets.llvm_cpu  # noqa: F401  (registers the backend)
+from fusion_tvm.cost_models.presets import get_hardware
+from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
+from fusion_tvm.targets.llvm_cpu import Fallback
+from fusion_tvm.targets.llvm_cpu.matmul import derive_tiles
+
+# Frozen AVX2 spec: runs on any x86-64 CI machine and keeps tile choices deterministic.
+HW = get_hardware("ci-x86-avx2")
+TARGET = tvm.target.Target(dict(HW.target))
+RNG = np.random.default_rng(0)
+
+
+def lower(mod: tvm.IRModule) -> tvm.IRModule:
+    """Legalize and fuse the way the pipeline does before scheduling."""
+    return tvm.transform.Sequential(
+        [
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )(mod)
+
+
+def run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, TARGET), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+
+
+def rules_of(mod: tvm.IRModule) -> dict[str, str]:
+    return {
+        gv.name_hint: str(f.attrs[RULE_ATTR])
+        for gv, f in mod.functions_items()
+        if isinstance(f, tirx.PrimFunc)
+    }
+
+
+def check(mod: tvm.IRModule, inputs: list[np.ndarray], expect: dict[str, str], tol=1e-4):
+    """Schedule ``mod``; check the rules that fired and the numbers against the plain build."""
+    lowered = lower(mod)
+    scheduled = ApplyTargetSchedule("llvm", HW)(lowered)
+    fired = rules_of(scheduled)
+    for fragment, rule in expect.items():
+        matching = {name: r for name, r in fired.items() if fragment in name}
+        assert matching, f"no kernel named like {fragment!r} in {fired}"
+        assert set(matching.values()) == {rule}, fired
+    np.testing.assert_allclose(run(scheduled, inputs), run(lowered, inputs), rtol=tol, atol=tol)
+    return scheduled
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype("float32")
+
+
+# ---------------------------------------------------------------------------- builders
+def matmul_module(m, n, k, *, trans_b=False, epilogue="gelu", batch=None, batch_b=False):
+    bb = relax.BlockBuilder()
+    x_shape = (m, k) if batch is None else (batch, m, k)
+    w_shape = (n, k) if trans_b else (k, n)
+    if batch_b:
+        w_shape = (batch, *w_shape)
+    x = relax.Var("x", R.Tensor(x_shape, "float32"))
+    w = relax.Var("w", R.Tensor(w_shape, "float32"))
+    b = relax.Var("b", R.Tensor((n,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            rhs = bb.emit(relax.op.permute_dims(w, [*range(len(w_shape) - 2), -1, -2])) if (
+                trans_b
+            ) else w
+            y = bb.emit(relax.op.matmul(x, rhs))
+            if epilogue:
+                y = bb.emit(relax.op.add(y, b))
+                y = bb.emit(getattr(relax.op.nn, epilogue)(y))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def elementwise_module(shape):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor(shape, "float32"))
+    y = relax.Var("y", R.Tensor(shape, "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.add(x, y))
+            t = bb.emit(relax.op.exp(relax.op.multiply(t, relax.const(0.5, "float32"))))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(t)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+# ------------------------------------------------------------------------------ matmul
+def test_tiles_derived_from_hardware():
+    avx2 = derive_tiles(HW, 32, None, None, b_j_contiguous=True)
+    avx512 = derive_tiles(get_hardware("epyc-znver4-2c"), 32, None, None, b_j_contiguous=True)
+    assert (avx2.nr, avx512.nr) == (16, 32)  # two vectors of lanes
+    assert avx2.mr * avx2.nr // 8 <= HW.num_vector_registers // 2
+    assert avx512.mr * avx512.nr // 16 <= 16
+    assert derive_tiles(HW, 32, 1, 64, b_j_contiguous=True).pack_b is False
+    assert derive_tiles(HW, 32, 3, 64, b_j_contiguous=True).mr == 3
+
+
+@pytest.mark.parametrize(
+    "m,n,k,trans_b,epilogue",
+    [
+        (64, 48, 32, False, "gelu"),  # divisible, bias + GELU epilogue
+        (37, 53, 29, False, "relu"),  # ragged M, N, K: tails and N padding
+        (37, 53, 29, True, None),  # transposed B (prologue packed), no epilogue
+        (3, 20, 16, False, "relu"),  # fewer rows than the register tile
+    ],
+)
+def test_matmul_static(m, n, k, trans_b, epilogue):
+    mod = matmul_module(m, n, k, trans_b=trans_b, epilogue=epilogue)
+    w = rand(n, k) if trans_b else rand(k, n)
+    check(mod, [rand(m, k), w, rand(n)], {"matmul": "matmul"})
+
+
+def test_matmul_symbolic_rows():
+    n_var = tirx.Var("n", "int64")
+    mod = matmul_module(n_var, 40, 24, epilogue="gelu")
+    check(mod, [rand(45, 24), rand(24, 40), rand(40)], {"matmul": "matmul"})
+
+
+def test_matmul_symbolic_rows_transposed_ragged():
+    n_var = tirx.Var("n", "int64")
+    mod = matmul_module(n_var, 20, 24, trans_b=True, epilogue="relu", batch=2)
+    check(mod, [rand(2, 13, 24), rand(20, 24), rand(20)], {"matmul": "matmul"})
+
+
+def test_batch_matmul_shared_and_batched_b():
+    mod = matmul_module(10, 24, 16, epilogue="relu", batch=3)  # B shared by the batch
+    check(mod, [rand(3, 10, 16), rand(16, 24), rand(24)], {"matmul": "matmul"})
+    mod = matmul_module(10, 24, 16, epilogue=None, batch=3, batch_b=True)
+    check(mod, [rand(3, 10, 16), rand(3, 16, 24), rand(24)], {"matmul": "matmul"})
+
+
+# ------------------------------------------------------------------------- elementwise
+@pytest.mark.parametrize("shape", [(4, 64), (3, 7, 13)])
+def test_elementwise_static(shape):
+    check(elementwise_module(shape), [rand(*shape), rand(*shape)], {"add": "elementwise"})
+
+
+def test_elementwise_symbolic():
+    n_var = tirx.Var("n", "int64")
+    check(elementwise_module((n_var, 37)), [rand(5, 37), rand(5, 37)], {"add": "elementwise"})
+
+
+# ---------------------------------------------------------------------------- fallback
+@pytest.mark.parametrize(
+    "mod,inputs",
+    [
+        (matmul_module(37, 53, 29, epilogue="gelu"), [rand(37, 29), rand(29, 53), rand(53)]),
+        (elementwise_module((3, 7, 13)), [rand(3, 7, 13), rand(3, 7, 13)]),
+    ],
+)
+def test_fallback_matches_everything(mod, inputs):
+    lowered = lower(mod)
+    scheduled = lowered
+    for gv, func in lowered.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            sch = Fallback().apply(func, TARGET, HW)
+            assert sch is not None
+            scheduled = scheduled.clone() if scheduled is lowered else scheduled
+            scheduled[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    np.testing.assert_allclose(run(scheduled, inputs), run(lowered, inputs), rtol=1e-4, atol=1e-4)
