@@ -6,6 +6,8 @@ TorchScript exporter (``dynamo=False``) the way most users still export them: dy
 sequence axes, and, for the CNN, ``do_constant_folding=False`` with ``TrainingMode.PRESERVE``
 so the BatchNormalization nodes survive the export. The transformer models keep the library's
 default attention implementation (SDPA), since that is what a user's export contains.
+``bert_tiny_dynamo`` is the same BERT through the default ``torch.export``-based exporter
+(``dynamo=True``, needs ``onnxscript``), which writes a different graph.
 
 Usage::
 
@@ -24,6 +26,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 OPSET = 17
+DYNAMO_OPSET = 18
 MAX_BYTES = 500 * 1024
 
 
@@ -72,6 +75,20 @@ def _randomize_bn(model: torch.nn.Module) -> None:
 
 def _export(model, args, path: Path, input_names, output_names, dynamic_axes, **kw) -> None:
     model.eval()
+    kw.setdefault("dynamo", False)
+    if kw["dynamo"]:
+        # The torch.export-based exporter takes torch.export dims instead of dynamic_axes.
+        dims = {
+            name: torch.export.Dim(name) for axes in dynamic_axes.values() for name in axes.values()
+        }
+        kw["dynamic_shapes"] = {
+            "args": tuple(
+                {i: dims[n] for i, n in dynamic_axes[name].items()} for name in input_names
+            )
+        }
+        kw["external_data"] = False
+        kw.setdefault("opset_version", DYNAMO_OPSET)  # its lowest; no version conversion
+        dynamic_axes = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
@@ -81,11 +98,15 @@ def _export(model, args, path: Path, input_names, output_names, dynamic_axes, **
             input_names=input_names,
             output_names=output_names,
             dynamic_axes=dynamic_axes,
-            opset_version=OPSET,
-            dynamo=False,
-            **kw,
+            **{"opset_version": OPSET, **kw},
         )
     proto = onnx.load(str(path))
+    if kw["dynamo"]:
+        # Per-node debug metadata (FX node, stack, class hierarchy) is ~70% of the file; the
+        # graph itself is left exactly as exported.
+        for node in proto.graph.node:
+            node.ClearField("metadata_props")
+        onnx.save(proto, str(path))
     onnx.checker.check_model(proto)
     size = path.stat().st_size
     if size > MAX_BYTES:
@@ -113,7 +134,7 @@ def make_cnn_bn() -> None:
 _SEQ_AXES = {0: "batch", 1: "sequence"}
 
 
-def _export_hf(model, inputs: dict, outputs: list[str], dynamic_axes: dict, name: str) -> None:
+def _export_hf(model, inputs: dict, outputs: list[str], dynamic_axes: dict, name: str, **kw):
     wrapper = _Wrapper(model, list(inputs), outputs)
     _export(
         wrapper,
@@ -122,6 +143,7 @@ def _export_hf(model, inputs: dict, outputs: list[str], dynamic_axes: dict, name
         list(inputs),
         outputs,
         dynamic_axes,
+        **kw,
     )
 
 
@@ -132,7 +154,7 @@ def _ids_and_mask(batch: int, seq: int, pad_from: int):
     return ids, mask
 
 
-def make_bert_tiny() -> None:
+def make_bert_tiny(name: str = "bert_tiny", **kw) -> None:
     from transformers import BertConfig, BertModel
 
     config = BertConfig(
@@ -147,7 +169,12 @@ def make_bert_tiny() -> None:
     inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
     axes = {name: _SEQ_AXES for name in inputs}
     axes.update(last_hidden_state=_SEQ_AXES, pooler_output={0: "batch"})
-    _export_hf(BertModel(config), inputs, ["last_hidden_state", "pooler_output"], axes, "bert_tiny")
+    outputs = ["last_hidden_state", "pooler_output"]
+    _export_hf(BertModel(config), inputs, outputs, axes, name, **kw)
+
+
+def make_bert_tiny_dynamo() -> None:
+    make_bert_tiny("bert_tiny_dynamo", dynamo=True)
 
 
 def make_gpt2_tiny() -> None:
@@ -201,6 +228,7 @@ def make_t5_tiny() -> None:
 FIXTURES = {
     "cnn_bn": make_cnn_bn,
     "bert_tiny": make_bert_tiny,
+    "bert_tiny_dynamo": make_bert_tiny_dynamo,
     "gpt2_tiny": make_gpt2_tiny,
     "t5_tiny": make_t5_tiny,
 }
