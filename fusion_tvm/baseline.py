@@ -1,9 +1,9 @@
 """TVM's own FuseOps partition, read back as groups of our graph nodes.
 
-Every call_tir binding is first given a PrimFunc GlobalVar of its own (same PrimFunc,
-unique name), then stock ``FuseOps`` runs; the names inside each Primitive function it
-creates tell exactly which bindings it grouped. This lets the cost model price
-FuseOps's plan on the same graph as ours.
+Every call_tir binding is first given a PrimFunc of its own (the same PrimFunc with a tag
+attribute, so that FuseOps cannot de-duplicate identical groups), then stock ``FuseOps``
+runs; the names inside each Primitive function it creates tell which bindings it grouped.
+This lets the cost model price FuseOps's plan on the same graph as ours.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ _TAG = re.compile(r"__ftvm_(\d+)_(\d+)_(\d+)$")
 
 def _tag_module(mod: tvm.IRModule, funcs: list[str]) -> tvm.IRModule:
     bb = relax.BlockBuilder(mod)
+    new_funcs = {}
     for fi, fname in enumerate(funcs):
         func = mod[fname]
         blocks = []
@@ -36,20 +37,19 @@ def _tag_module(mod: tvm.IRModule, funcs: list[str]) -> tvm.IRModule:
             cls = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) \
                 else relax.BindingBlock
             blocks.append(cls(bindings))
-        bb.update_func(
-            mod.get_global_var(fname),
-            relax.Function(
-                func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
-                func.attrs,
-            ),
+        new_funcs[fname] = relax.Function(
+            func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+            func.attrs,
         )
-    return bb.get()
+    out = bb.get()
+    funcs_out = {gv: new_funcs.get(gv.name_hint, f) for gv, f in out.functions.items()}
+    return tvm.IRModule(funcs_out, attrs=out.attrs, global_infos=out.global_infos)
 
 
 def fuseops_groups(mod: tvm.IRModule, funcs: list[str]) -> dict[tuple[int, int], list[set[int]]]:
     """FuseOps's groups keyed by (function index, block index), as binding indices."""
     tagged = _tag_module(mod, funcs)
-    fused = relax.transform.FuseOps()(tagged)
+    fused = relax.transform.FuseOps()(relax.transform.Normalize()(tagged))
     result: dict[tuple[int, int], list[set[int]]] = {}
     for _gv, func in fused.functions.items():
         if not isinstance(func, relax.Function) or func.attrs is None:

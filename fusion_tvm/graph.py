@@ -53,6 +53,7 @@ class FusionNode:
     pattern: PatternKind = PatternKind.OPAQUE
     info: PrimFuncInfo | None = None
     fusible: bool = False
+    is_view: bool = False  # a pure reshape: becomes a free view when left alone
 
     @property
     def op_class(self) -> OpClass | None:
@@ -205,6 +206,7 @@ def build_fusion_graph(
             if gv.name_hint not in info_cache:
                 info_cache[gv.name_hint] = analyze_primfunc(func)
             node.info = info_cache[gv.name_hint]
+            node.is_view = bool(relax.analysis.has_reshape_pattern(func))
             pattern = func.attrs.get("op_pattern", 8) if func.attrs is not None else 8
             node.pattern = PatternKind(int(pattern)) if int(pattern) in (0, 1, 2, 3, 4, 7) \
                 else PatternKind.OPAQUE

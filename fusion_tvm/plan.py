@@ -144,6 +144,14 @@ def group_plan(
     )
 
 
+def is_kernel(graph: FusionGraph, group: frozenset[int]) -> bool:
+    """Whether a group launches a kernel (barriers and lone reshape views do not)."""
+    if len(group) == 1:
+        node = graph.nodes[min(group)]
+        return node.info is not None and not node.is_view
+    return True
+
+
 def count_kernels(graph: FusionGraph, groups) -> int:
-    """Kernels launched by a partition (barriers launch none)."""
-    return sum(1 for g in groups if any(graph.nodes[i].info is not None for i in g))
+    """Kernels launched by a partition."""
+    return sum(1 for g in groups if is_kernel(graph, g))

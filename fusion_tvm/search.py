@@ -140,8 +140,6 @@ def greedy_partition(
     cost = {i: model.estimate(graph, members[i]).time_s for i in range(n)}
     g_succ = {i: set(graph.succs[i]) for i in range(n)}
     g_pred = {i: set(graph.preds[i]) for i in range(n)}
-    lo = {i: i for i in range(n)}
-    hi = {i: i for i in range(n)}
     heap: list = []
 
     def push(a: int, b: int) -> None:
@@ -156,15 +154,16 @@ def greedy_partition(
 
     def creates_cycle(a: int, b: int) -> bool:
         # a -> b edge exists; any other path a ~> b through a third group makes a cycle.
-        limit = hi[b]
-        stack = [s for s in g_succ[a] if s != b and lo[s] < limit]
+        # No pruning by node index: groups are not intervals, so a group path need not
+        # follow node-level ancestry (a random-DAG test caught exactly that).
+        stack = [s for s in g_succ[a] if s != b]
         seen = set(stack)
         while stack:
             u = stack.pop()
             for v in g_succ[u]:
                 if v == b:
                     return True
-                if v not in seen and lo[v] < limit:
+                if v not in seen:
                     seen.add(v)
                     stack.append(v)
         return False
@@ -186,8 +185,6 @@ def greedy_partition(
         members[c] = members.pop(a) | members.pop(b)
         version[c] = 0
         cost[c] = model.estimate(graph, members[c]).time_s
-        lo[c] = min(lo[a], lo[b])
-        hi[c] = max(hi[a], hi[b])
         g_succ[c] = (g_succ.pop(a) | g_succ.pop(b)) - {a, b}
         g_pred[c] = (g_pred.pop(a) | g_pred.pop(b)) - {a, b}
         for s in g_succ[c]:

@@ -128,7 +128,7 @@ def cpu_spec(
         peak_flops={
             OpClass.MATMUL: peak_fma,
             OpClass.CONV: peak_fma,
-            OpClass.ELEMENTWISE: peak_fma / 4,
+            OpClass.ELEMENTWISE: peak_fma / 2,
             OpClass.REDUCTION: peak_fma / 4,
             OpClass.TRANSCENDENTAL: peak_fma / 16,
         },

@@ -85,6 +85,8 @@ class RooflineCostModel(CostModel):
         members = sorted(group)
         if len(members) == 1 and graph.nodes[members[0]].info is None:
             return Cost(0.0, reason="barrier (not a kernel)")
+        if len(members) == 1 and graph.nodes[members[0]].is_view:
+            return Cost(0.0, reason="view (reshape, no kernel)")
 
         # Multiplicity of each member: inlined producers run once per read.
         mult: dict[int, float] = {}
@@ -112,7 +114,13 @@ class RooflineCostModel(CostModel):
                 mult[n] = m + (1.0 if external else 0.0)
             else:
                 mult[n] = 1.0
-                if inside and not external:
+                # A contraction's output read only by inlined epilogue ops never leaves
+                # registers (tile-level epilogue); other intermediates (reduction rows,
+                # contraction outputs re-read by reductions) stay in cache.
+                epilogue_only = node.is_contraction and all(
+                    graph.nodes[c].pattern <= PatternKind.INJECTIVE for c in inside
+                )
+                if inside and not external and not epilogue_only:
                     internal_bytes += graph.nbytes(out)
 
         flops: dict[OpClass, float] = {}

@@ -18,7 +18,7 @@ from ..cost_models.hardware import HardwareSpec
 from ..cost_models.presets import get_hardware
 from ..graph import build_fusion_graph, default_dims
 from ..grouping import rewrite_block, vars_used_after
-from ..plan import BlockPlan, FusionPlan, count_kernels, group_plan
+from ..plan import BlockPlan, FusionPlan, count_kernels, group_plan, is_kernel
 from ..search import SearchConfig, search_partition, singletons
 
 
@@ -101,6 +101,7 @@ class FuseByCostModel:
                 baseline = None
         bb = relax.BlockBuilder(mod)
         info_cache: dict = {}
+        new_funcs: dict[str, relax.Function] = {}
         search_s = 0.0
         fo_time = 0.0 if baseline is not None else None
         fo_kernels = 0 if baseline is not None else None
@@ -129,7 +130,7 @@ class FuseByCostModel:
                 plan.num_kernels += count_kernels(graph, groups)
                 plan.unfused_kernels += count_kernels(graph, singletons(graph))
                 for g in groups:
-                    if any(graph.nodes[i].info is not None for i in g):
+                    if is_kernel(graph, g):
                         name = "+".join(graph.nodes[i].func_name for i in sorted(g))
                         plan.groups.append(group_plan(graph, g, self.cost_model, fname, name))
                 new_blocks.append(rewrite_block(bb, graph, block, groups, used_later))
@@ -137,13 +138,16 @@ class FuseByCostModel:
                 func.params, relax.SeqExpr(new_blocks, func.body.body), func.ret_ty,
                 func.is_pure, func.attrs, func.span,
             )
-            bb.update_func(mod.get_global_var(fname), new_func)
+            new_funcs[fname] = new_func
         plan.fuseops_time_s = fo_time
         plan.fuseops_kernels = fo_kernels
         plan.search_time_s = search_s
         plan.notes.append(f"pass time {time.perf_counter() - start:.3f} s")
         self.plan = plan
-        return bb.get()
+        out = bb.get()
+        funcs_out = {gv: new_funcs.get(gv.name_hint, f) for gv, f in out.functions.items()}
+        out = tvm.IRModule(funcs_out, attrs=out.attrs, global_infos=out.global_infos)
+        return relax.transform.Normalize()(out)
 
 
 def _complete(groups: list[set[int]], n: int) -> list[frozenset[int]]:

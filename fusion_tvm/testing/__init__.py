@@ -1,0 +1,1 @@
+"""Test utilities: synthetic graphs, fake cost models, random model generators."""
