@@ -152,7 +152,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     hw: str | HardwareSpec | None = None,
     fusion: str | FusionMode = "cost",
     schedule: bool = True,
-    cost_model: str = "roofline",
+    cost_model: str | None = None,
     shape_hints: Mapping[str, int] | None = None,
     shape_dict: Mapping[str, Sequence] | None = None,
     example_inputs: Sequence[Any] | None = None,
@@ -172,8 +172,8 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         Our cost-model partition, TVM's FuseOps partition, or no fusion.
     schedule : bool
         Apply the target's schedule rules (False: stock untuned TIR).
-    cost_model : str
-        Registered cost model name.
+    cost_model : str, optional
+        Registered cost model name; the backend's default (``"roofline"``, ``"fpga"``).
     shape_hints : mapping, optional
         Expected values of symbolic dims (e.g. ``{"N": 8}``) for the cost model.
     shape_dict : mapping, optional
@@ -203,6 +203,9 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         mod = parts.fuse(mod)
         mod = parts.schedule(mod)
     plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
+    custom = parts.backend.build_model(mod, loaded, parts, plan)
+    if custom is not None:
+        return custom
     executable = tvm.compile(mod, target=parts.target, relax_pipeline=parts.lower)
     return CompiledModel(
         executable, loaded, mod, plan, parts.target, parts.hw, parts.backend.device(),

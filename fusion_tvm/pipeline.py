@@ -48,7 +48,7 @@ def fusion_mode(value: str | FusionMode) -> FusionMode:
 
 def prepare_passes(backend: Backend | None = None) -> list[tvm.transform.Pass]:
     """Inference simplifications, legalization and annotation."""
-    layout = list(getattr(backend, "layout_passes", lambda: [])()) if backend else []
+    layout = list(backend.layout_passes()) if backend is not None else []
     return [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
@@ -97,7 +97,7 @@ def make_pipeline(
     hw: str | HardwareSpec | None = None,
     fusion: str | FusionMode = FusionMode.COST,
     schedule: bool = True,
-    cost_model: str | CostModel = "roofline",
+    cost_model: str | CostModel | None = None,
     shape_hints: Mapping[str, int] | None = None,
     config: SearchConfig | None = None,
 ) -> PipelineParts:
@@ -107,7 +107,7 @@ def make_pipeline(
     mode = fusion_mode(fusion)
     fuse_pass = None
     if mode is FusionMode.COST:
-        model = get_cost_model(cost_model, hw, backend)
+        model = get_cost_model(cost_model or backend.default_cost_model, hw, backend)
         fuse_pass = FuseByCostModel(
             model, backend=backend, config=config, shape_hints=shape_hints
         )
@@ -153,7 +153,7 @@ def _registered_pipeline(
     hw: str | HardwareSpec | None = None,
     fusion: str = "cost",
     schedule: bool = True,
-    cost_model: str = "roofline",
+    cost_model: str | None = None,
     shape_hints: Mapping[str, int] | None = None,
 ) -> tvm.transform.Pass:
     return build_pipeline(

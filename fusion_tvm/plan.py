@@ -8,7 +8,8 @@ model*, which gives the predicted speedup before anything is built.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from .cost_models.base import CostModel
 from .graph import FusionGraph
@@ -61,6 +62,8 @@ class FusionPlan:
     search_time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     blocks: list[BlockPlan] = field(default_factory=list, repr=False)
+    cost_model_obj: Any = field(default=None, repr=False)
+    limits: Any = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- derived
     @property
@@ -78,7 +81,9 @@ class FusionPlan:
     # ----------------------------------------------------------------- output
     def to_json(self) -> dict:
         """A JSON-ready summary (groups included, graphs left out)."""
-        d = {k: v for k, v in asdict(self).items() if k != "blocks"}
+        hidden = ("blocks", "cost_model_obj", "limits")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
+        d["groups"] = [asdict(g) for g in self.groups]
         d["predicted_speedup"] = self.predicted_speedup
         return d
 

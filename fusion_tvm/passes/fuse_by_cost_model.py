@@ -75,7 +75,7 @@ class FuseByCostModel:
             self.hw = get_hardware(hw or "host")
             self.cost_model = get_cost_model(cost_model, self.hw, backend)
         self.backend = backend
-        limits = getattr(backend, "template_limits", None)
+        limits = backend.template_limits if backend is not None else None
         self.config = config or (SearchConfig(limits=limits) if limits else SearchConfig())
         self.shape_hints = dict(shape_hints or {})
         self.compare_fuseops = compare_fuseops
@@ -91,6 +91,8 @@ class FuseByCostModel:
             hardware=self.hw.name,
             cost_model=self.cost_model.name,
             dims=dims,
+            cost_model_obj=self.cost_model,
+            limits=self.config.limits,
         )
         baseline = {}
         if self.compare_fuseops:

@@ -45,6 +45,35 @@ class Backend(abc.ABC):
     name: str = ""
     #: Hardware preset used when the user names none.
     default_hardware: str = ""
+    #: Cost model used when the user names none.
+    default_cost_model: str = "roofline"
+
+    @property
+    def template_limits(self):
+        """What one group may contain for this backend's templates (legality)."""
+        from ..legality import TemplateLimits
+
+        return TemplateLimits()
+
+    def layout_passes(self) -> list:
+        """Relax passes run before legalization (e.g. a blocked layout); none by default."""
+        return []
+
+    def rule_for_group(self, graph, group) -> str | None:
+        """Name of the schedule rule expected to handle ``group`` (cost-model efficiency).
+
+        None lets the cost model classify the group itself.
+        """
+        return None
+
+    def build_model(self, mod, loaded, parts, plan):
+        """Build a fused, scheduled module into a runnable model.
+
+        Returns None to use the default Relax VM build (``tvm.compile``); a backend with
+        its own artifact (e.g. an HLS project) returns an object with ``run(feeds)``,
+        ``export(path)``, ``plan`` and ``num_kernels``.
+        """
+        return None
 
     @property
     @abc.abstractmethod
