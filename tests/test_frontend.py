@@ -158,6 +158,21 @@ def test_symbolic_dims_stay_symbolic_and_shared():
     assert int(out_shape[2]) == 32
 
 
+def test_unnamed_dims_get_their_own_names_and_onnx_input_names_are_kept():
+    # TorchScript exports without input_names give "input.1"; dims may have no dim_param. Stock
+    # TVM gives every unnamed dim one shared variable, so these two rows counts would be tied
+    # and the run below (3 rows + 2 rows) rejected.
+    nodes = [helper.make_node("Concat", ["input.1", "2"], ["y"], name="cat", axis=0)]
+    model = _model(nodes, [_vi("input.1", [None, 4]), _vi("2", [None, 4])], [_vi("y", [None, 4])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no renaming chatter
+        loaded = load_model(model)
+    assert loaded.input_names == ("input.1", "2")
+    assert loaded.input_shapes == (("input_1_dim0", 4), ("input_2_dim0", 4))
+    feeds = {"input.1": np.ones((3, 4), np.float32), "2": np.zeros((2, 4), np.float32)}
+    _assert_matches_ort(model, loaded, feeds)
+
+
 def test_params_are_embedded_as_constants():
     loaded = _load(DATA / "cnn_bn.onnx")
     main = loaded.mod["main"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -147,6 +148,18 @@ def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
             node.name = f"#{index} {node.op_type} -> {first}"
 
 
+def _name_unknown_dims(graph: onnx.GraphProto) -> None:
+    # The importer makes one tir variable per dim_param, and one shared variable for *all*
+    # unnamed dynamic dims, which would tie unrelated dims together. Name each one apart.
+    for name in graph_input_names(graph):
+        info = next(i for i in graph.input if i.name == name)
+        base = re.sub(r"\W", "_", name)
+        base = base if base[:1].isalpha() else f"input_{base}"
+        for axis, dim in enumerate(info.type.tensor_type.shape.dim):
+            if not dim.dim_param and not dim.dim_value:
+                dim.dim_param = f"{base}_dim{axis}"
+
+
 def _apply_shape_dict(graph: onnx.GraphProto, shape_dict: ShapeDict, where: str) -> None:
     # Rewriting the declared input shapes (rather than passing shape_dict to the importer)
     # keeps a string dim shared with other inputs' dim_params as one symbolic variable.
@@ -245,6 +258,7 @@ def convert_onnx(
     _name_unnamed_nodes(graph)
     if shape_dict:
         _apply_shape_dict(graph, shape_dict, where)
+    _name_unknown_dims(graph)
     if dtype_dict:
         _check_dtype_dict(graph, dtype_dict, where)
     check_graph(graph, where)
@@ -255,7 +269,9 @@ def convert_onnx(
     # error already names the node, so keep that noise off the user's terminal.
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed):
+        with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+            # LoadedModel keeps the ONNX names, so the importer's renaming notes are noise.
+            warnings.filterwarnings("ignore", message="Renaming name")
             return importer.from_onnx(graph, model_opset(proto))
     except FusionTVMError:
         raise
