@@ -176,3 +176,56 @@ def test_fallback_matches_everything(mod, inputs):
             scheduled = scheduled.clone() if scheduled is lowered else scheduled
             scheduled[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     np.testing.assert_allclose(run(scheduled, inputs), run(lowered, inputs), rtol=1e-4, atol=1e-4)
+
+
+# -------------------------------------------------------------------------------- conv
+def conv_module(data, weight, *, groups=1, stride=1, bn=False, residual=False):
+    """conv2d (+ bias or batch-norm arithmetic) + ReLU (+ residual add), NCHW."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor(data, "float32"))
+    w = relax.Var("w", R.Tensor(weight, "float32"))
+    scale = relax.Var("s", R.Tensor((1, weight[0], 1, 1), "float32"))
+    shift = relax.Var("t", R.Tensor((1, weight[0], 1, 1), "float32"))
+    params = [x, w, scale, shift]
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(x, w, strides=stride, padding=weight[2] // 2, groups=groups)
+            )
+            if bn:  # inference batch-norm as FuseOps sees it after decomposition
+                y = bb.emit(relax.op.multiply(relax.op.subtract(y, shift), scale))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, shift)))
+            if residual:
+                y = bb.emit(relax.op.add(y, y))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def conv_inputs(data, weight):
+    return [rand(*data), rand(*weight), rand(1, weight[0], 1, 1), rand(1, weight[0], 1, 1)]
+
+
+@pytest.mark.parametrize(
+    "data,weight,kw",
+    [
+        ((1, 8, 16, 16), (16, 8, 3, 3), dict(bn=True)),  # 3x3 + BN + ReLU
+        ((2, 5, 12, 20), (7, 5, 3, 3), dict(residual=True)),  # ragged channels, batch 2
+        ((1, 6, 8, 24), (6, 1, 3, 3), dict(groups=6)),  # depthwise
+        ((1, 4, 8, 8), (8, 4, 1, 1), {}),  # 1x1
+    ],
+)
+def test_conv2d_static(data, weight, kw):
+    check(conv_module(data, weight, **kw), conv_inputs(data, weight), {"conv2d": "conv2d"},
+          tol=1e-3)
+
+
+def test_conv2d_symbolic_batch():
+    n_var = tirx.Var("n", "int64")
+    mod = conv_module((n_var, 4, 8, 16), (8, 4, 3, 3), bn=True)
+    check(mod, conv_inputs((3, 4, 8, 16), (8, 4, 3, 3)), {"conv2d": "conv2d"}, tol=1e-3)
+
+
+def test_conv2d_narrow_rows_still_correct():
+    data, weight = (1, 4, 7, 7), (8, 4, 3, 3)  # 7 columns: no vector fits, another rule runs
+    check(conv_module(data, weight), conv_inputs(data, weight), {}, tol=1e-3)
