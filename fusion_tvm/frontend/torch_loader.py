@@ -67,7 +67,54 @@ def load_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any =
         ) from None
     except Exception as err:  # noqa: BLE001 - reported, not swallowed
         raise InternalError(f"torch importer failed on {name}: {_first_line(err)}") from None
+    if dynamic_shapes:
+        mod = _name_dims_after_torch_dims(mod, dynamic_shapes, program)
     return from_irmodule(mod, source="torch")
+
+
+def _name_dims_after_torch_dims(mod: Any, dynamic_shapes: Any, program: Any) -> Any:
+    """Rename torch's symbols (``s17``) to the ``torch.export.Dim`` names the user gave.
+
+    Shape hints and reports refer to dims by name, as for ONNX ``dim_param``s.
+    """
+    from tvm import tirx
+
+    main = mod["main"]
+    specs = _specs_by_position(dynamic_shapes, program)
+    rename: dict[Any, Any] = {}
+    by_name: dict[str, Any] = {}
+    for param, spec in zip(main.params, specs, strict=False):
+        shape = getattr(param.ty, "shape", None)
+        if not isinstance(spec, dict) or shape is None or not hasattr(shape, "values"):
+            continue
+        for axis, dim in spec.items():
+            name = getattr(dim, "__name__", None)
+            var = shape.values[axis] if axis < len(shape.values) else None
+            if name and isinstance(var, tirx.Var) and var.name != name and var not in rename:
+                rename[var] = by_name.setdefault(name, tirx.Var(name, "int64"))
+    if not rename:
+        return mod
+    old_to_new = {old.name: new.name for old, new in rename.items()}
+    main = main.bind_symbolic_vars(rename)
+    for key in ("tir_var_lower_bound", "tir_var_upper_bound"):
+        if main.attrs and key in main.attrs:
+            bounds = {old_to_new.get(k, k): v for k, v in main.attrs[key].items()}
+            main = main.with_attr(key, bounds)
+    mod[mod.get_global_var("main")] = main
+    return mod
+
+
+def _specs_by_position(dynamic_shapes: Any, program: Any) -> list[Any]:
+    if isinstance(dynamic_shapes, dict):
+        import torch
+
+        names = [
+            spec.arg.name
+            for spec in program.graph_signature.input_specs
+            if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT
+        ]
+        return [dynamic_shapes.get(name) for name in names]
+    return list(dynamic_shapes)
 
 
 def _node_calling(program: Any, op_name: str) -> str:
