@@ -457,6 +457,14 @@ def test_irmodule_without_main():
         load_model(_Doubler, shape_dict={"x": [1, 4]})
 
 
+def test_ill_formed_irmodule():
+    x = relax.Var("x", relax.TensorType((2,), "float32"))
+    free = relax.Var("free", relax.TensorType((2,), "float32"))
+    main = relax.Function([x], relax.SeqExpr([], free), relax.TensorType((2,), "float32"))
+    with pytest.raises(UserInputError, match="not well-formed.*free"):
+        load_model(tvm.IRModule({"main": main}))
+
+
 def test_all_errors_are_ours():
     assert issubclass(ModelLoadError, FusionTVMError)
     assert issubclass(UnsupportedOperatorError, UserInputError)

@@ -106,6 +106,7 @@ def load_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any =
 def from_irmodule(mod: IRModule, source: Source) -> LoadedModel:
     """Describe a Relax module whose ``main`` is the entry point."""
     main = _main_function(mod)
+    _check_well_formed(mod)
     names = [p.name for p in main.params]
     num_outputs = len(main.ret_ty.fields) if isinstance(main.ret_ty, relax.TupleType) else 1
     outputs = ["output"] if num_outputs == 1 else [f"output_{i}" for i in range(num_outputs)]
@@ -119,6 +120,14 @@ def _main_function(mod: IRModule) -> relax.Function:
     if not isinstance(main, relax.Function):
         raise UserInputError(f"the IRModule's 'main' is a {type(main).__name__}, not Relax")
     return main
+
+
+def _check_well_formed(mod: IRModule) -> None:
+    try:
+        relax.analysis.well_formed(mod)  # raises on the first violation
+    except Exception as err:  # noqa: BLE001 - TVM reports defects as assorted error types
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        raise UserInputError(f"the IRModule is not well-formed Relax: {lines[-1]}") from None
 
 
 def _describe(mod: IRModule, source: Source, input_names, output_names) -> LoadedModel:
