@@ -74,6 +74,12 @@ class FusionNode:
         """FLOPs by class."""
         return self.info.flops(dims) if self.info is not None else {}
 
+    def touched_fraction(self, arg_index: int, dims: Mapping[str, int]) -> float:
+        """Fraction (<= 1) of argument ``arg_index`` actually read (gathers read little)."""
+        if self.info is None or arg_index >= len(self.info.param_names):
+            return 1.0
+        return min(1.0, self.info.read_ratio(arg_index, dims))
+
     def reuse(self, arg_index: int, dims: Mapping[str, int]) -> float:
         """Times each element of argument ``arg_index`` is read."""
         if self.info is None or arg_index >= len(self.info.param_names):

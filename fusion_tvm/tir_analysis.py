@@ -143,15 +143,20 @@ class PrimFuncInfo:
                 out[cls] = out.get(cls, 0.0) + n * k
         return out
 
-    def reuse(self, param_index: int, dims: Mapping[str, int]) -> float:
-        """How many times each element of input ``param_index`` is read (>= 1)."""
+    def read_ratio(self, param_index: int, dims: Mapping[str, int]) -> float:
+        """Element reads of input ``param_index`` per element of it (may be < 1: a gather
+        or a strided slice touches only part of its input)."""
         name = self.param_names[param_index]
         elems = max(1.0, shape_elems(self.param_shapes[param_index], dims))
         reads = 0.0
         for b in self.blocks:
             if name in b.loads:
                 reads += shape_elems(b.domain, dims) * b.loads[name]
-        return max(1.0, reads / elems)
+        return reads / elems
+
+    def reuse(self, param_index: int, dims: Mapping[str, int]) -> float:
+        """How many times each element of input ``param_index`` is read (>= 1)."""
+        return max(1.0, self.read_ratio(param_index, dims))
 
 
 def _count(expr, ops: dict[OpClass, int], loads: dict[str, int]) -> None:

@@ -111,7 +111,7 @@ def cpu_spec(
     l2: int,
     l3: int,
     dram_gbps: float,
-    launch_us: float = 2.0,
+    launch_us: float = 6.0,
 ) -> HardwareSpec:
     """Build a CPU spec from a few datasheet numbers."""
     lanes = simd_bits // 32

@@ -67,7 +67,22 @@ class RooflineCostModel(CostModel):
         """Fraction of peak reached by ``rule`` on this hardware."""
         if rule in self.hw.efficiency:
             return self.hw.efficiency[rule]
+        if self.backend is not None:
+            table = getattr(self.backend, "rule_efficiency", None)
+            if table and rule in table:
+                return table[rule]
         return DEFAULT_RULE_EFFICIENCY.get(rule, self.hw.default_efficiency)
+
+    def class_efficiency(self, rule: str, cls: OpClass) -> float:
+        """Efficiency for work of class ``cls`` inside a kernel scheduled by ``rule``.
+
+        The rule decides how fast contractions run; elementwise and transcendental work
+        (epilogues, normalisations) runs at vector speed whatever the anchor, unless the
+        whole kernel falls back to the unoptimised template.
+        """
+        if rule == "fallback" or cls in (OpClass.MATMUL, OpClass.CONV):
+            return self.efficiency(rule)
+        return self.efficiency("elementwise")
 
     # ----------------------------------------------------------------- estimate
     def estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
@@ -128,24 +143,35 @@ class RooflineCostModel(CostModel):
             for cls, f in graph.nodes[n].flops(dims).items():
                 flops[cls] = flops.get(cls, 0.0) + f * mult[n]
         rule = rule_for_group(graph, group, self.backend)
-        eff = self.efficiency(rule)
-        compute_s = sum(f / (hw.peak_flops[cls] * eff) for cls, f in flops.items())
-
-        ext_inputs = sorted(
-            {tid for n in members for tid in graph.nodes[n].inputs
-             if graph.tensors[tid].producer not in group}
+        compute_s = sum(
+            f / (hw.peak_flops[cls] * self.class_efficiency(rule, cls))
+            for cls, f in flops.items()
         )
-        in_bytes = sum(graph.nbytes(t) for t in ext_inputs)
+
+        # External inputs move once, but only the part a member reads (gathers, slices).
+        touched: dict[int, float] = {}
+        for n in members:
+            node = graph.nodes[n]
+            for k, tid in enumerate(node.inputs):
+                if graph.tensors[tid].producer in group:
+                    continue
+                frac = node.touched_fraction(k, dims)
+                touched[tid] = max(touched.get(tid, 0.0), frac)
+        ext_inputs = sorted(touched)
+        in_sizes = {t: graph.nbytes(t) * touched[t] for t in ext_inputs}
+        in_bytes = sum(in_sizes.values())
         out_bytes = sum(graph.nbytes(t) for t in published)
-        memory_s = sum(graph.nbytes(t) / self.bandwidth_for(graph.nbytes(t))
-                       for t in ext_inputs + published)
+        memory_s = sum(b / self.bandwidth_for(graph.nbytes(t)) for t, b in in_sizes.items())
+        memory_s += sum(graph.nbytes(t) / self.bandwidth_for(graph.nbytes(t)) for t in published)
         inner_bw = hw.memory[0].bandwidth_bytes_per_s if len(hw.memory) > 1 else \
             hw.dram.bandwidth_bytes_per_s
         internal_s = 2.0 * internal_bytes / inner_bw
         time_s = hw.launch_overhead_s + max(compute_s, memory_s) + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
-        dram = sum(graph.nbytes(t) for t in ext_inputs + published
-                   if self.bandwidth_for(graph.nbytes(t)) == hw.dram.bandwidth_bytes_per_s)
+        dram_bw = hw.dram.bandwidth_bytes_per_s
+        dram = sum(b for t, b in in_sizes.items() if self.bandwidth_for(graph.nbytes(t)) == dram_bw)
+        dram += sum(graph.nbytes(t) for t in published
+                    if self.bandwidth_for(graph.nbytes(t)) == dram_bw)
         return Cost(
             time_s=time_s,
             dram_bytes=dram,
