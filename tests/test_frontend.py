@@ -358,6 +358,19 @@ def test_truncated_file(tmp_path, keep):
     _no_chained_traceback(err)
 
 
+def test_missing_external_data(tmp_path):
+    weight = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "fc.weight")
+    nodes = [helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="fc")]
+    path = tmp_path / "big.onnx"
+    model = _model(nodes, [_vi("x", [1, 4])], [_vi("y", [1, 4])], [weight])
+    onnx.save(model, str(path), save_as_external_data=True, location="big.data", size_threshold=0)
+    assert _load(path).input_names == ("x",)
+    (tmp_path / "big.data").unlink()
+    with pytest.raises(ModelLoadError, match="big.data") as err:
+        load_model(path)
+    assert str(path) in str(err.value)
+
+
 def test_wrong_model_type():
     with pytest.raises(UserInputError, match="dict"):
         load_model({"not": "a model"})
@@ -428,6 +441,34 @@ def test_dangling_input_names_the_tensor(tmp_path):
     with pytest.raises(UserInputError, match="'skip_from_nowhere'") as err:
         load_model(path)
     assert str(path) in str(err.value) and "residual/add" in str(err.value)
+
+
+def _if_model(else_reads: str) -> onnx.ModelProto:
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"], name="then/relu")], "then", [], [_vi("t", [2])]
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", [else_reads], ["e"], name="else/neg")], "else", [], [_vi("e", [2])]
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="cond"),
+        helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
+    ]
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    return _model(nodes, [_vi("x", [2])], [_vi("y", [2])], [zero])
+
+
+def test_if_branches_may_read_outer_tensors():
+    model = _if_model(else_reads="x")
+    loaded = _load(model)
+    for x in ([1.0, -3.0], [-1.0, 0.5]):
+        _assert_matches_ort(model, loaded, {"x": np.array(x, np.float32)})
+
+
+def test_dangling_input_inside_if_branch():
+    with pytest.raises(UserInputError, match="'ghost'.*else/neg|else/neg.*'ghost'"):
+        load_model(_if_model(else_reads="ghost"))
 
 
 def test_output_never_produced():

@@ -70,9 +70,8 @@ def read_onnx(model: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelPro
         raise ModelLoadError(
             f"{where}: not a readable ONNX model (the file is truncated or not ONNX): {err}"
         ) from None
-    except (OSError, ValueError, RuntimeError) as err:
-        # External-data files that are missing or short land here.
-        raise ModelLoadError(f"{where}: cannot load ONNX model: {err}") from None
+    except Exception as err:  # noqa: BLE001 - e.g. a missing external-data file
+        raise ModelLoadError(f"{where}: cannot load ONNX model: {_one_line(err)}") from None
     _check_header(proto, where)
     return proto, where
 
