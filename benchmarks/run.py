@@ -42,6 +42,12 @@ REFERENCE = "onnxruntime"
 STOCK_LIMIT_S = 1.0  # stock TVM is not timed when one run takes longer than this
 
 
+def short(e: BaseException, limit: int = 240) -> str:
+    """One line for a report: the exception type and its non-empty lines, joined."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return f"{type(e).__name__}: {text}"[:limit]
+
+
 def progress(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -65,6 +71,7 @@ class Prepared:
     compile_s: float
     kernels: int | None = None
     plan: object | None = None
+    note: str = ""
 
 
 def _numpy_list(out) -> list[np.ndarray]:
@@ -74,7 +81,7 @@ def _numpy_list(out) -> list[np.ndarray]:
 
 
 def _fusion_tvm(fusion: str):
-    def prepare(model, ctx: Context) -> Prepared:
+    def prepare(model, feeds, ctx: Context) -> Prepared:
         import fusion_tvm
 
         if not hasattr(fusion_tvm, "compile"):
@@ -88,7 +95,7 @@ def _fusion_tvm(fusion: str):
     return prepare
 
 
-def stock_tvm(model, ctx: Context) -> Prepared:
+def stock_tvm(model, feeds, ctx: Context) -> Prepared:
     """Plain TVM: ``from_onnx`` -> ``zero`` pipeline (FuseOps) -> ``tvm.compile``, untuned."""
     import tvm
     from tvm import relax
@@ -104,7 +111,7 @@ def stock_tvm(model, ctx: Context) -> Prepared:
                     dt, count_call_tir(mod))
 
 
-def onnxruntime(model, ctx: Context) -> Prepared:
+def onnxruntime(model, feeds, ctx: Context) -> Prepared:
     """onnxruntime CPU with default options except the intra-op thread count."""
     try:
         import onnxruntime as ort
@@ -118,40 +125,55 @@ def onnxruntime(model, ctx: Context) -> Prepared:
     return Prepared(lambda feeds: sess.run(None, feeds), time.perf_counter() - t0)
 
 
-def _torch_module(model, ctx: Context):
+def _torch_module(model, feeds, ctx: Context):
     try:
         import torch
     except ImportError:
         raise Skipped("torch not importable") from None
-    try:
-        from onnx2torch import convert
-    except ImportError:
-        raise Skipped("torch found but onnx2torch is not (needed to run zoo ONNX in torch)") \
-            from None
+    from benchmarks.zoo.to_torch import to_torch
+
     torch.set_num_threads(ctx.threads)
-    return torch, convert(model).eval()
+    return torch, to_torch(model, {k: v.shape for k, v in feeds.items()})
 
 
-def _torch_prepared(torch, module, compile_s: float) -> Prepared:
+def _torch_runner(torch, module, names):
     def run(feeds):
         with torch.inference_mode():
-            out = module(*[torch.from_numpy(v) for v in feeds.values()])
-        outs = out if isinstance(out, (list, tuple)) else [out]
+            outs = module(*[torch.from_numpy(feeds[n]) for n in names])
         return [o.numpy() for o in outs]
 
-    return Prepared(run, compile_s)
+    return run
 
 
-def torch_eager(model, ctx: Context) -> Prepared:
+def torch_eager(model, feeds, ctx: Context) -> Prepared:
+    """The ONNX graph executed op by op with torch (``benchmarks.zoo.to_torch``)."""
     t0 = time.perf_counter()
-    torch, module = _torch_module(model, ctx)
-    return _torch_prepared(torch, module, time.perf_counter() - t0)
+    torch, module = _torch_module(model, feeds, ctx)
+    return Prepared(_torch_runner(torch, module, module.input_names), time.perf_counter() - t0)
 
 
-def torch_compile(model, ctx: Context) -> Prepared:
-    """torch.compile compiles on the first (warm-up) call; that call's time is its compile_s."""
-    torch, module = _torch_module(model, ctx)
-    return _torch_prepared(torch, torch.compile(module), 0.0)
+def torch_compile(model, feeds, ctx: Context) -> Prepared:
+    """``torch.compile(dynamic=False)`` (inductor) of the same module; compile_s includes the
+    first call, where compilation happens. If inductor's pattern matcher (its SDPA rewrite)
+    breaks the build, retry without it and say so."""
+    import_start = time.perf_counter()
+    torch, module = _torch_module(model, feeds, ctx)
+    import torch._inductor.config as inductor_config
+
+    note = ""
+    for patch in ({}, {"pattern_matcher": False}):
+        torch._dynamo.reset()
+        compiled = torch.compile(module, dynamic=False)
+        run = _torch_runner(torch, compiled, module.input_names)
+        try:
+            with inductor_config.patch(patch):
+                run(feeds)
+            break
+        except Exception as e:
+            if patch:
+                raise
+            note = f"inductor pattern_matcher disabled; the default build failed: {short(e)}"
+    return Prepared(run, time.perf_counter() - import_start, note=note)
 
 
 PREPARE: dict[str, Callable] = {
@@ -237,16 +259,16 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
         res = results[name] = Result(name)
         progress(f"{label}: compiling {name}")
         try:
-            p = PREPARE[name](model, ctx)
+            p = PREPARE[name](model, feeds, ctx)
         except Skipped as e:
             res.status, res.note = "skipped", str(e)
             progress(f"{label}: {name} skipped: {e}")
             continue
         except Exception as e:  # a contender that fails to build is reported, not fatal
-            res.status, res.note = "failed", f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            res.status, res.note = "failed", short(e, 300)
             progress(f"{label}: {name} FAILED: {res.note}")
             continue
-        res.compile_s, res.kernels = p.compile_s, p.kernels
+        res.compile_s, res.kernels, res.note = p.compile_s, p.kernels, p.note
         if name == "ours":
             plan = p.plan
         prepared[name] = p
@@ -259,13 +281,11 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
             t0 = time.perf_counter()
             outputs[name] = p.run(feeds)
             first = time.perf_counter() - t0
-            if name == "torch_compile":
-                results[name].compile_s = first
             for _ in range(args.warmup - 1):
                 p.run(feeds)
         except Exception as e:
             results[name].status = "failed"
-            results[name].note = f"run: {type(e).__name__}: {e}".splitlines()[0][:300]
+            results[name].note = "run: " + short(e, 300)
             del prepared[name]
             continue
         if name == "stock_tvm" and first > STOCK_LIMIT_S and not args.time_stock_anyway:
@@ -286,7 +306,11 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
     # Timed runs, round robin with a rotating order.
     names = list(prepared)
     progress(f"{label}: timing {', '.join(names)} x {args.repeat}")
+    start = time.perf_counter()
     for r in range(args.repeat):
+        if r >= args.min_repeat and time.perf_counter() - start > args.budget_s:
+            progress(f"{label}: time budget {args.budget_s:g} s reached after {r} rounds")
+            break
         k = r % max(len(names), 1)
         for name in names[k:] + names[:k]:
             t0 = time.perf_counter()
@@ -298,7 +322,7 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
     try:
         row["kernels"] = stock_kernel_counts(model)
     except Exception as e:
-        row["kernels"] = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:200]}
+        row["kernels"] = {"error": short(e)}
     if "fuseops" in results and results["fuseops"].kernels is not None:
         row["kernels"]["fuseops"] = results["fuseops"].kernels
     if "ours" in results and results["ours"].kernels is not None:
@@ -352,8 +376,10 @@ def markdown(rows: list[dict], info: dict, args) -> str:
            f"Machine: {info['cpu']}, {info['usable_cores']} usable cores; **{info['threads']} "
            f"thread(s)** everywhere (TVM_NUM_THREADS, ort intra_op_num_threads, torch). "
            f"TVM {info['tvm']}, onnxruntime {info['onnxruntime']}, torch {info['torch']}.  ",
-           f"Latency: median of {args.repeat} interleaved runs after {args.warmup} warm-up, "
-           f"ms (min–max). n/t: not timed; skip: contender unavailable (see notes).\n"]
+           f"Latency: median of up to {args.repeat} interleaved rounds (at least "
+           f"{args.min_repeat}, {args.budget_s:g} s budget a model) after {args.warmup} warm-up, "
+           f"ms (min–max). n/t: not timed; skip: contender unavailable (see notes). "
+           f"Errors: max |x - ort| and that over max |ort|.\n"]
     present = [c for c in CONTENDERS if any(c in r["contenders"] for r in rows)]
     head = ["model", "kernels unfused/FuseOps/ours", "pred. ms ours", "pred. speedup",
             *[f"{c} ms" for c in present], "meas. speedup vs fuseops", "compile s ours/fuseops",
@@ -474,7 +500,12 @@ def parse_args(argv=None):
                     "(default: usable cores)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per contender")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=CONTENDERS)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop timing a model after this many seconds (default 10, quick 5)")
+    ap.add_argument("--min-repeat", type=int, default=5,
+                    help="timed rounds always done, whatever the budget")
+    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
+                    help="default: all (--quick: all but torch_compile, ~20 s compile a model)")
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--rtol", type=float, default=1e-3,
                     help="allowed max |err| / max |reference| per contender")
@@ -482,11 +513,15 @@ def parse_args(argv=None):
                     help=f"time stock TVM even when one run takes > {STOCK_LIMIT_S} s")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     args = ap.parse_args(argv)
-    if args.threads is None:
-        args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else os.cpu_count() or 1
+    if args.threads is None:  # --quick: 1 thread, steadier on a shared CI machine
+        args.threads = 1 if args.quick else len(os.sched_getaffinity(0)) \
+            if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if args.repeat is None:
-        args.repeat = 10 if args.quick else 50
+        args.repeat = 20 if args.quick else 100
+    if args.budget_s is None:
+        args.budget_s = 5.0 if args.quick else 10.0
+    if args.contenders is None:
+        args.contenders = [c for c in CONTENDERS if not (args.quick and c == "torch_compile")]
     args.warmup = max(args.warmup, 1)
     if not args.models:
         args.models = QUICK_SUITE if args.quick else DEFAULT_SUITE

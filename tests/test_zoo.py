@@ -144,3 +144,32 @@ def test_stock_tvm_matches_ort(name, kw):
     assert len(outs) == len(expected)
     for got, want in zip(outs, expected, strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ torch runner, benchmark driver
+@pytest.mark.parametrize("name", ["detection_head", "bert_2l", "gpt2_2l", "vit_tiny"])
+def test_to_torch_matches_ort(name):
+    torch = pytest.importorskip("torch")
+    from benchmarks.zoo.to_torch import to_torch
+
+    model = zoo.get_model(name, small=True)
+    feeds = zoo.example_inputs(model)
+    module = to_torch(model, {k: v.shape for k, v in feeds.items()})
+    with torch.inference_mode():
+        outs = module(*[torch.from_numpy(feeds[n]) for n in module.input_names])
+    for got, want in zip(outs, run_ort(model, feeds), strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_run_py_smoke(tmp_path):
+    from benchmarks import run
+
+    assert run.parse_model("bert_2l:batch=8,seq=16,small=True") == \
+        ("bert_2l", {"batch": 8, "seq": 16, "small": True})
+    rc = run.main(["--models", "mlp:small=True", "--contenders", "stock_tvm", "onnxruntime",
+                   "--repeat", "3", "--min-repeat", "1", "--threads", "1", "--out",
+                   str(tmp_path)])
+    assert rc == 0
+    text = (tmp_path / "summary.md").read_text()
+    assert "| mlp:small=True |" in text and "1 thread(s)" in text
+    assert (tmp_path / "results.json").exists()
