@@ -229,3 +229,52 @@ def test_conv2d_symbolic_batch():
 def test_conv2d_narrow_rows_still_correct():
     data, weight = (1, 4, 7, 7), (8, 4, 3, 3)  # 7 columns: no vector fits, another rule runs
     check(conv_module(data, weight), conv_inputs(data, weight), {}, tol=1e-3)
+
+
+# --------------------------------------------------------------------------- reduction
+def row_module(kind, shape):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor(shape, "float32"))
+    g = relax.Var("g", R.Tensor((shape[-1],), "float32"))
+    with bb.function("main", [x, g]):
+        with bb.dataflow():
+            if kind == "softmax":  # elementwise prologue fused by FuseOps
+                y = bb.emit(relax.op.nn.softmax(relax.op.multiply(x, relax.const(0.5, "float32"))))
+            elif kind == "layernorm":  # layer norm + GELU epilogue
+                y = bb.emit(relax.op.nn.gelu(relax.op.nn.layer_norm(x, g, g, axes=[-1])))
+            elif kind == "rmsnorm":
+                y = bb.emit(relax.op.nn.rms_norm(x, g, axes=[-1]))
+            elif kind == "sum":
+                y = bb.emit(relax.op.sum(x, axis=[-1]))
+            elif kind == "mean":
+                y = bb.emit(relax.op.mean(x, axis=[-1], keepdims=True))
+            elif kind == "maxpool":
+                y = bb.emit(relax.op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1))
+            else:
+                y = bb.emit(relax.op.nn.adaptive_avg_pool2d(x, output_size=1))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "kind,shape,kernel",
+    [
+        ("softmax", (8, 64), "softmax"),  # rfactor-ed vector partials
+        ("softmax", (7, 37), "softmax"),  # ragged row: scalar reduction
+        ("layernorm", (6, 48), "layer_norm"),
+        ("rmsnorm", (5, 32), "rms_norm"),
+        ("sum", (4, 3, 40), "sum"),
+        ("mean", (3, 50), "mean"),
+        ("maxpool", (1, 4, 13, 13), "max_pool"),
+        ("avgpool", (2, 8, 7, 7), "avg_pool"),
+    ],
+)
+def test_reduction_rows(kind, shape, kernel):
+    check(row_module(kind, shape), [rand(*shape), rand(shape[-1])], {kernel: "reduction"})
+
+
+def test_reduction_symbolic_rows():
+    n_var = tirx.Var("n", "int64")
+    mod = row_module("layernorm", (n_var, 64))
+    check(mod, [rand(9, 64), rand(64)], {"layer_norm": "reduction"})

@@ -1,20 +1,142 @@
-"""Row-wise reduction rule (placeholder)."""
+"""Row-wise reduction rule: softmax, layer norm, RMS norm, pooling, reduce-sum/mean.
+
+The whole fused chain of a row (e.g. max -> exp -> sum -> divide, or mean -> variance ->
+normalise -> affine -> GELU) runs inside one parallel loop over rows, every block
+``compute_at`` that loop, so a row is read from memory once and every later pass over it
+hits L1/L2. Reductions along a row whose length is a multiple of the SIMD width are
+``rfactor``-ed into ``lanes`` partial accumulators updated with vector instructions (an
+IEEE-exact scalar reduction chain otherwise runs at one add per FMA latency).
+"""
 
 from __future__ import annotations
 
+import contextlib
+
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
+from ._util import (
+    MIN_PARALLEL_ELEMENTS,
+    dtype_bits,
+    inline_spatial,
+    is_reduction,
+    is_spatial,
+    iter_kinds,
+    lanes,
+    root_blocks,
+    static_extent,
+)
+
+
+def _leading_spatial(sch: s_tir.Schedule, block: SBlockRV) -> int:
+    kinds = iter_kinds(sch, block)
+    return len(kinds) - len(kinds.lstrip("S"))
+
+
+def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first: int) -> None:
+    """Vectorise the innermost loop below position ``first`` (the row loop)."""
+    loops = sch.get_loops(block)[first:]
+    if not loops:
+        return
+    inner = loops[-1]
+    extent = static_extent(sch, inner)
+    with contextlib.suppress(ScheduleError):
+        if extent is not None and extent <= width:
+            if extent >= 4:
+                sch.vectorize(inner)
+            return
+        _, vec = sch.split(inner, [None, width])
+        sch.vectorize(vec)
+
+
+def _rfactor_rows(sch: s_tir.Schedule, block: SBlockRV, width: int) -> SBlockRV | None:
+    """Split a row reduction into ``width`` vector partial sums; the rf block or None."""
+    loops = sch.get_loops(block)
+    kinds = iter_kinds(sch, block)
+    if len(loops) != len(kinds) or kinds.count("R") != 1 or kinds[-1] != "R":
+        return None
+    extent = static_extent(sch, loops[-1])
+    if extent is None or extent % width or extent < 2 * width:
+        return None
+    _, inner = sch.split(loops[-1], [None, width])
+    try:
+        return sch.rfactor(inner, factor_axis=len(kinds) - 1)
+    except ScheduleError:
+        return None
+
+
+def _vectorize_partials(sch: s_tir.Schedule, block: SBlockRV, width: int) -> None:
+    """Order the rf block as (row, k_outer, k_lane) and vectorise the lane loop."""
+    stmt = sch.get(block)
+    realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")(sch, block)
+    loops = sch.get_loops(block)[1:]
+    reduce_loop = lane_loop = None
+    for iv, value in zip(stmt.iter_vars, realize.iter_values, strict=True):
+        used = set(tirx.analysis.undefined_vars(value))
+        for loop in loops:
+            if sch.get(loop).loop_var in used:
+                if iv.iter_type == tirx.IterVar.CommReduce:
+                    reduce_loop = loop
+                elif static_extent(sch, loop) == width:
+                    lane_loop = loop
+    if reduce_loop is None or lane_loop is None:
+        return
+    with contextlib.suppress(ScheduleError):
+        sch.reorder(reduce_loop, lane_loop)
+        # Vectorise while the block still has its init: after decompose_reduction the
+        # update alone no longer counts as a reduction block and vectorize refuses it.
+        sch.vectorize(lane_loop)
+        init = sch.decompose_reduction(block, reduce_loop)
+        sch.vectorize(sch.get_loops(init)[-1])
 
 
 class Reduction(ScheduleRule):
-    """Row-wise reductions."""
+    """One parallel loop over rows; the fused chain of each row computed inside it."""
 
     name = "reduction"
 
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
     ) -> s_tir.Schedule | None:
-        return None
+        sch = s_tir.Schedule(func)
+        blocks = root_blocks(sch)
+        if not blocks or all(is_spatial(sch, b) for b in blocks):
+            return None
+        if not all(is_spatial(sch, b) or is_reduction(sch, b) for b in blocks):
+            return None
+        if any(sch.get_child_blocks(b) for b in blocks):
+            return None
+        blocks = inline_spatial(sch)
+        rows = min(_leading_spatial(sch, b) for b in blocks)
+        if rows == 0:
+            return None
+        width = lanes(hw, dtype_bits(sch, blocks[-1]))
+        rfactored = {}
+        for block in blocks:
+            if is_reduction(sch, block):
+                rf = _rfactor_rows(sch, block, width)
+                if rf is not None:
+                    rfactored[sch.get(rf)] = rf
+        blocks = root_blocks(sch)
+
+        last = blocks[-1]
+        loops = sch.get_loops(last)
+        extents = [static_extent(sch, lp) for lp in loops]
+        row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
+        work = None if None in extents else 1
+        for ext in extents if work is not None else ():
+            work *= ext
+        if hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 4):
+            sch.parallel(row)
+        for block in reversed(blocks[:-1]):
+            sch.compute_at(block, row, preserve_unit_loops=True)
+
+        for block in blocks:
+            if any(sch.get(block).same_as(stmt) for stmt in rfactored):
+                _vectorize_partials(sch, block, width)
+            elif is_spatial(sch, block):
+                _vectorize_innermost(sch, block, width, 1)
+        return sch
