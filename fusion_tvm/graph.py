@@ -212,7 +212,11 @@ def build_fusion_graph(
             if gv.name_hint not in info_cache:
                 info_cache[gv.name_hint] = analyze_primfunc(func)
             node.info = info_cache[gv.name_hint]
-            node.is_view = bool(relax.analysis.has_reshape_pattern(func))
+            # RewriteDataflowReshape turns such a binding into a free view, except when it
+            # produces a block output (which needs its own memory).
+            node.is_view = bool(relax.analysis.has_reshape_pattern(func)) and isinstance(
+                var, relax.DataflowVar
+            )
             pattern = func.attrs.get("op_pattern", 8) if func.attrs is not None else 8
             node.pattern = PatternKind(int(pattern)) if int(pattern) in (0, 1, 2, 3, 4, 7) \
                 else PatternKind.OPAQUE

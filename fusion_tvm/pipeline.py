@@ -25,6 +25,7 @@ from .cost_models.hardware import HardwareSpec
 from .cost_models.presets import get_hardware
 from .errors import UnknownNameError
 from .passes.fuse_by_cost_model import FuseByCostModel
+from .passes.split_to_slices import SplitToSlices
 from .search import SearchConfig
 from .targets.base import Backend, get_backend
 
@@ -51,6 +52,7 @@ def prepare_passes(backend: Backend | None = None) -> list[tvm.transform.Pass]:
     layout = list(backend.layout_passes()) if backend is not None else []
     return [
         relax.transform.DecomposeOpsForInference(),
+        SplitToSlices(),
         relax.transform.CanonicalizeBindings(),
         *layout,
         relax.transform.LegalizeOps(),
