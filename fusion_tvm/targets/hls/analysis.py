@@ -1,0 +1,173 @@
+"""Walking the (fused, s_tir) PrimFuncs the HLS emitter prints: leaf blocks and their loops.
+
+A *leaf block* is an ``SBlock`` whose body is a single ``BufferStore``: one pipelined loop
+nest of the generated C++. Operators are counted by kind on its value (floating-point
+only: index arithmetic becomes wires, not DSPs), which the FPGA cost model prices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from ...cost_models.fpga import NestCost
+from ...tir_analysis import TRANSCENDENTAL_OPS
+
+#: Loop annotations written by the schedule rule, read by the emitter.
+PIPELINE_ATTR = "hls.pipeline_ii"
+UNROLL_ATTR = "hls.unroll"
+
+_CMP = (tirx.Min, tirx.Max, tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.Select)
+
+
+def dtype_of(expr) -> str:
+    """The dtype of a PrimExpr as a string (``"float32"``, ``"int64"``, ``"bool"``)."""
+    ty = getattr(expr, "ty", None)
+    dt = getattr(ty, "dtype", None)
+    return str(dt) if dt is not None else str(getattr(expr, "dtype", ""))
+
+
+def is_float(expr) -> bool:
+    """Whether ``expr`` is floating point."""
+    return dtype_of(expr).startswith(("float", "bfloat"))
+
+
+def int_value(expr) -> int:
+    """A constant integer extent (raises ValueError for a symbolic one)."""
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    raise ValueError(f"symbolic extent {expr} (the HLS backend needs static shapes)")
+
+
+def children(expr) -> list:
+    """Sub-expressions of ``expr``."""
+    if isinstance(expr, (tirx.IntImm, tirx.FloatImm)) or type(expr).__name__ == "Var":
+        return []
+    kind = type(expr).__name__
+    if kind in ("TensorLoad", "BufferLoad"):
+        return list(expr.indices)
+    if isinstance(expr, tirx.Select):
+        return [expr.condition, expr.true_value, expr.false_value]
+    if isinstance(expr, (tirx.Cast, tirx.Not)):
+        return [expr.value if isinstance(expr, tirx.Cast) else expr.a]
+    if kind == "Call":
+        return [a for a in expr.args if not isinstance(a, (str, int, float))]
+    if hasattr(expr, "a") and hasattr(expr, "b"):
+        return [expr.a, expr.b]
+    return []
+
+
+def count_ops(expr, ops: dict[str, float]) -> None:
+    """Add the floating-point operators of ``expr`` to ``ops`` by DSP class."""
+    kind = type(expr).__name__
+    if is_float(expr) or isinstance(expr, _CMP):
+        key = None
+        if isinstance(expr, tirx.Mul):
+            key = "mul"
+        elif isinstance(expr, (tirx.Add, tirx.Sub)):
+            key = "add"
+        elif isinstance(expr, (tirx.Div, tirx.FloorDiv)):
+            key = "div"
+        elif isinstance(expr, _CMP) and all(is_float(c) for c in children(expr)[-2:]):
+            key = "cmp"
+        elif kind == "Call":
+            name = "tirx." + getattr(expr.op, "name", "").split(".")[-1]
+            if name in TRANSCENDENTAL_OPS:
+                key = "transcendental"
+            elif name == "tirx.if_then_else":
+                key = "cmp"
+        if key is not None:
+            ops[key] = ops.get(key, 0.0) + 1
+    for c in children(expr):
+        count_ops(c, ops)
+
+
+@dataclass
+class LeafBlock:
+    """A leaf block with the loops around it (outermost first)."""
+
+    realize: s_tir.SBlockRealize
+    loops: list[tirx.For]
+
+    @property
+    def block(self) -> s_tir.SBlock:
+        return self.realize.block
+
+    @property
+    def name(self) -> str:
+        return self.block.name_hint
+
+    @property
+    def has_reduce(self) -> bool:
+        return any(int(iv.iter_type) == 2 for iv in self.block.iter_vars)
+
+    def nest(self) -> NestCost:
+        """The block as a loop nest for :mod:`fusion_tvm.cost_models.fpga`."""
+        trips = 1.0
+        for lp in self.loops:
+            trips *= int_value(lp.extent)
+        inner = int_value(self.loops[-1].extent) if self.loops else 1
+        ops: dict[str, float] = {}
+        count_ops(self.block.body.value, ops)
+        return NestCost(self.name, trips, inner, ops, accumulates=self.has_reduce)
+
+
+def leaf_blocks(func: tirx.PrimFunc) -> list[LeafBlock]:
+    """Leaf blocks of ``func`` in program order."""
+    out: list[LeafBlock] = []
+
+    def visit(stmt, loops):
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, loops)
+        elif isinstance(stmt, tirx.For):
+            visit(stmt.body, loops + [stmt])
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            body = stmt.block.body
+            if isinstance(body, tirx.BufferStore) and len(stmt.block.iter_vars):
+                out.append(LeafBlock(stmt, loops))
+            else:
+                visit(body, loops)
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case, loops)
+            if stmt.else_case is not None:
+                visit(stmt.else_case, loops)
+        elif getattr(stmt, "body", None) is not None:
+            visit(stmt.body, loops)
+
+    visit(func.body, [])
+    return out
+
+
+def alloc_buffers(func: tirx.PrimFunc) -> list:
+    """Buffers allocated inside ``func`` (intermediates), in order."""
+    out = []
+
+    def visit(stmt):
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            out.extend(stmt.block.alloc_buffers)
+            visit(stmt.block.body)
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case)
+            if stmt.else_case is not None:
+                visit(stmt.else_case)
+        elif getattr(stmt, "body", None) is not None:
+            visit(stmt.body)
+
+    visit(func.body)
+    return out
+
+
+def loop_annotation(loop: tirx.For, key: str) -> int | None:
+    """An integer loop annotation, or None."""
+    ann = loop.annotations
+    if ann is None or key not in ann:
+        return None
+    v = ann[key]
+    return int(v.value) if hasattr(v, "value") else int(v)

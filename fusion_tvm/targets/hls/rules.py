@@ -1,0 +1,72 @@
+"""HLS schedule rules: they restructure little and annotate loops for the emitter.
+
+* :class:`HlsPipeline` inlines elementwise intermediates into their consumers (an FPGA
+  pipeline computes them on the fly; no BRAM buffer), then marks the innermost loop of
+  every leaf block for ``#pragma HLS PIPELINE`` with the unroll factor the FPGA cost
+  model picks under the group's DSP share.
+* :class:`HlsAnnotateOnly` does the same without inlining; it matches anything.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+
+from ...cost_models.fpga import FpgaConfig, choose_unroll
+from ..base import ScheduleRule
+from .analysis import PIPELINE_ATTR, UNROLL_ATTR, alloc_buffers, leaf_blocks
+
+
+def _annotate(sch: s_tir.Schedule, hw, config: FpgaConfig) -> s_tir.Schedule:
+    func = sch.mod["main"]
+    leaves = leaf_blocks(func)
+    nests = choose_unroll([lb.nest() for lb in leaves], config.fixed_bits is not None,
+                          hw.fpga.dsp * config.dsp_share, config.max_unroll)
+    for lb, nest in zip(leaves, nests, strict=True):
+        if not lb.loops:
+            continue
+        loops = sch.get_loops(sch.get_sblock(lb.name))
+        inner = loops[-1]
+        sch.annotate(inner, PIPELINE_ATTR, int(nest.ii))
+        if nest.unroll > 1:
+            sch.annotate(inner, UNROLL_ATTR, int(nest.unroll))
+    return sch
+
+
+class HlsPipeline(ScheduleRule):
+    """Inline elementwise intermediates, then pipeline and unroll every leaf loop nest."""
+
+    name = "hls.pipeline"
+
+    def __init__(self, config: FpgaConfig | None = None):
+        self.config = config or FpgaConfig()
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, hw) -> s_tir.Schedule | None:
+        if hw.fpga is None:
+            return None
+        sch = s_tir.Schedule(func)
+        outputs = {p.name for p in func.params}
+        intermediates = {b.name for b in alloc_buffers(func)}
+        for lb in leaf_blocks(sch.mod["main"]):
+            written = getattr(lb.block.body.buffer, "name", "")
+            if lb.has_reduce or written in outputs or written not in intermediates:
+                continue
+            try:
+                sch.compute_inline(sch.get_sblock(lb.name))
+            except Exception:  # noqa: BLE001 - TVM refuses what it cannot inline; keep it
+                continue
+        return _annotate(sch, hw, self.config)
+
+
+class HlsAnnotateOnly(ScheduleRule):
+    """Pipeline and unroll annotations only (matches every function)."""
+
+    name = "hls.annotate"
+
+    def __init__(self, config: FpgaConfig | None = None):
+        self.config = config or FpgaConfig()
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, hw) -> s_tir.Schedule | None:
+        if hw.fpga is None:
+            return None
+        return _annotate(s_tir.Schedule(func), hw, self.config)
