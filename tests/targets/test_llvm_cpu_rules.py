@@ -226,9 +226,16 @@ def test_conv2d_symbolic_batch():
     check(mod, conv_inputs((3, 4, 8, 16), (8, 4, 3, 3)), {"conv2d": "conv2d"}, tol=1e-3)
 
 
-def test_conv2d_narrow_rows_still_correct():
-    data, weight = (1, 4, 7, 7), (8, 4, 3, 3)  # 7 columns: no vector fits, another rule runs
-    check(conv_module(data, weight), conv_inputs(data, weight), {}, tol=1e-3)
+def test_conv2d_narrow_rows_vectorise_channels():
+    data, weight = (1, 4, 7, 7), (16, 4, 3, 3)  # 7 columns: channel-vector kernel
+    check(conv_module(data, weight, bn=True), conv_inputs(data, weight), {"conv2d": "conv2d"},
+          tol=1e-3)
+
+
+def test_conv2d_narrow_rows_ragged_channels_fall_through():
+    data, weight = (1, 4, 7, 7), (6, 4, 3, 3)  # neither rows nor channels fill a vector
+    scheduled = check(conv_module(data, weight), conv_inputs(data, weight), {}, tol=1e-3)
+    assert "conv2d" not in set(rules_of(scheduled).values())
 
 
 # --------------------------------------------------------------------------- reduction
