@@ -81,26 +81,41 @@ def _load(model, **kw) -> LoadedModel:
 # --------------------------------------------------------------------------- real exports
 
 
-def _text_feeds(batch: int, seq: int, names, dec_seq: int | None = None) -> dict:
-    rng = np.random.default_rng(batch * 100 + seq)
-    mask = np.ones((batch, seq), np.int64)
-    mask[-1, seq // 2 :] = 0  # a padded row, so the attention mask matters
-    feeds = {
-        "input_ids": rng.integers(0, 100, (batch, seq), dtype=np.int64),
-        "attention_mask": mask,
-        "token_type_ids": np.zeros((batch, seq), np.int64),
-        "decoder_input_ids": rng.integers(0, 100, (batch, dec_seq or seq), dtype=np.int64),
-    }
-    return {n: feeds[n] for n in names}
+def _feeds(loaded: LoadedModel, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """Inputs for one run, with each symbolic dim set from ``dims``."""
+    rng = np.random.default_rng(sum(dims.values()))
+    feeds = {}
+    for name, shape, dtype in zip(
+        loaded.input_names, loaded.input_shapes, loaded.input_dtypes, strict=True
+    ):
+        shape = tuple(dims[d] if isinstance(d, str) else d for d in shape)
+        if dtype == "float32":
+            feeds[name] = rng.standard_normal(shape).astype(np.float32)
+        elif name == "attention_mask":
+            feeds[name] = np.ones(shape, np.int64)
+            feeds[name][-1, shape[1] // 2 :] = 0  # a padded row, so the mask matters
+        elif name == "token_type_ids":
+            feeds[name] = np.zeros(shape, np.int64)
+        else:
+            feeds[name] = rng.integers(0, 100, shape, dtype=np.int64)
+    return feeds
 
 
-# (fixture, input shapes per run): two runs with different batch and sequence lengths.
+# Two runs per export with different batch and sequence lengths.
+_TEXT_RUNS = [{"batch": 1, "sequence": 5}, {"batch": 3, "sequence": 11}]
 EXPORTS = {
-    "cnn_bn": [{"input": (1, 3, 16, 16)}, {"input": (3, 3, 16, 16)}],
-    "bert_tiny": [(1, 5), (3, 11)],
-    "bert_tiny_dynamo": [(1, 5), (3, 11)],
-    "gpt2_tiny": [(1, 5), (3, 11)],
-    "t5_tiny": [(1, 5, 3), (2, 9, 6)],
+    "cnn_bn": [{"batch": 1}, {"batch": 3}],
+    "bert_tiny": _TEXT_RUNS,
+    "bert_tiny_dynamo": _TEXT_RUNS,
+    "gpt2_tiny": _TEXT_RUNS,
+    "gpt2_tiny_past": [
+        {"batch": 1, "sequence": 1, "past_sequence": 4, "total_sequence": 5},
+        {"batch": 3, "sequence": 2, "past_sequence": 7, "total_sequence": 9},
+    ],
+    "t5_tiny": [
+        {"batch": 1, "sequence": 5, "decoder_sequence": 3},
+        {"batch": 2, "sequence": 9, "decoder_sequence": 6},
+    ],
 }
 
 
@@ -109,14 +124,11 @@ def test_export_imports_builds_and_matches_onnxruntime(name):
     path = DATA / f"{name}.onnx"
     loaded = _load(path)
     assert loaded.source == "onnx"
-    assert [p.name for p in loaded.mod["main"].params] == list(loaded.input_names)
-    for run in EXPORTS[name]:
-        if isinstance(run, dict):
-            rng = np.random.default_rng(0)
-            feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in run.items()}
-        else:
-            feeds = _text_feeds(run[0], run[1], loaded.input_names, *run[2:])
-        _assert_matches_ort(path, loaded, feeds)
+    # Relax names are the ONNX ones made identifiers ("past.0.key" -> "past_0_key").
+    relax_names = [p.name for p in loaded.mod["main"].params]
+    assert relax_names == [n.replace(".", "_") for n in loaded.input_names]
+    for dims in EXPORTS[name]:
+        _assert_matches_ort(path, loaded, _feeds(loaded, dims))
 
 
 # What stock TVM 0.27 does with the same files: the reason the overrides exist. If one of these

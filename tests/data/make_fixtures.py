@@ -177,10 +177,10 @@ def make_bert_tiny_dynamo() -> None:
     make_bert_tiny("bert_tiny_dynamo", dynamo=True)
 
 
-def make_gpt2_tiny() -> None:
-    from transformers import GPT2Config, GPT2Model
+def _gpt2_config():
+    from transformers import GPT2Config
 
-    config = GPT2Config(
+    return GPT2Config(
         n_embd=32,
         n_layer=2,
         n_head=4,
@@ -189,10 +189,69 @@ def make_gpt2_tiny() -> None:
         bos_token_id=0,
         eos_token_id=0,
     )
+
+
+def make_gpt2_tiny() -> None:
+    from transformers import GPT2Model
+
     ids, mask = _ids_and_mask(2, 8, 6)
     inputs = {"input_ids": ids, "attention_mask": mask}
     axes = {name: _SEQ_AXES for name in [*inputs, "last_hidden_state"]}
-    _export_hf(GPT2Model(config), inputs, ["last_hidden_state"], axes, "gpt2_tiny")
+    _export_hf(GPT2Model(_gpt2_config()), inputs, ["last_hidden_state"], axes, "gpt2_tiny")
+
+
+class _GPT2DecodeStep(torch.nn.Module):
+    """One decoding step with a KV cache, flattened to tensors in and out (past.i.key, ...)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for layer in range(len(past) // 2):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.last_hidden_state, *present)
+
+
+def make_gpt2_tiny_past() -> None:
+    from transformers import GPT2Model
+
+    config = _gpt2_config()
+    head_dim = config.n_embd // config.n_head
+    kv = [
+        f"{k}.{i}.{t}" for k in ("past",) for i in range(config.n_layer) for t in ("key", "value")
+    ]
+    present = [name.replace("past", "present") for name in kv]
+    args = (
+        torch.randint(0, 100, (2, 1)),
+        torch.ones(2, 5, dtype=torch.int64),
+        *(torch.randn(2, config.n_head, 4, head_dim) for _ in kv),
+    )
+    axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "total_sequence"},
+        "last_hidden_state": {0: "batch", 1: "sequence"},
+        **{name: {0: "batch", 2: "past_sequence"} for name in kv},
+        **{name: {0: "batch", 2: "total_sequence"} for name in present},
+    }
+    _export(
+        _GPT2DecodeStep(GPT2Model(config)),
+        args,
+        HERE / "gpt2_tiny_past.onnx",
+        ["input_ids", "attention_mask", *kv],
+        ["last_hidden_state", *present],
+        axes,
+    )
 
 
 def make_t5_tiny() -> None:
@@ -230,6 +289,7 @@ FIXTURES = {
     "bert_tiny": make_bert_tiny,
     "bert_tiny_dynamo": make_bert_tiny_dynamo,
     "gpt2_tiny": make_gpt2_tiny,
+    "gpt2_tiny_past": make_gpt2_tiny_past,
     "t5_tiny": make_t5_tiny,
 }
 
