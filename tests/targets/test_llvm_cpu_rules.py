@@ -128,6 +128,11 @@ def test_matmul_static(m, n, k, trans_b, epilogue):
     check(mod, [rand(m, k), w, rand(n)], {"matmul": "matmul"})
 
 
+def test_row_times_matrix_gemv():
+    mod = matmul_module(1, 100, 48, epilogue="relu")  # batch-1 fc layer, N not a vector multiple
+    check(mod, [rand(1, 48), rand(48, 100), rand(100)], {"matmul": "matmul"})
+
+
 def test_matmul_symbolic_rows():
     n_var = tirx.Var("n", "int64")
     mod = matmul_module(n_var, 40, 24, epilogue="gelu")

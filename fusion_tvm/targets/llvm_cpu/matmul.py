@@ -165,7 +165,7 @@ class Matmul(ScheduleRule):
         sch = s_tir.Schedule(func)
         main = _main_block(sch, root_blocks(sch))
         if main is None:
-            return None
+            return _schedule_row_gemv(sch, hw)
         inline_spatial(sch, keep=(main,))
         # Producers of A stay materialised: inlining them would recompute them N times.
         a_buffer = sch.get(main).reads[0].source
@@ -284,3 +284,68 @@ class Matmul(ScheduleRule):
             with contextlib.suppress(ScheduleError):
                 parallel_vectorize(sch, block, hw)
         return sch
+
+
+def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule | None:
+    """One row of A times a row-major B (``y[j] = sum_k x[k] * B[k, j]``): vectorise j.
+
+    The fc layer of a batch-1 CNN. Each task owns ``nr`` consecutive outputs kept in
+    registers while it streams its ``K x nr`` column panel of B, contiguous along j. (With
+    B stored ``[N, K]`` the Reduction rule's dot-product form applies instead.)
+    """
+    blocks = root_blocks(sch)
+    reductions = [b for b in blocks if not is_spatial(sch, b)]
+    if len(reductions) != 1 or not is_reduction(sch, reductions[0]):
+        return None
+    main = reductions[0]
+    stmt = sch.get(main)
+    if len(stmt.reads) != 2 or len(stmt.writes) != 1:
+        return None
+    iters = list(stmt.iter_vars)
+    loops = sch.get_loops(main)
+    reduce_iters = [iv for iv in iters if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(loops) != len(iters) or len(reduce_iters) != 1:
+        return None
+    out_last = stmt.writes[0].region[-1].min
+    if not isinstance(out_last, tirx.Var):
+        return None
+    k_var = reduce_iters[0].var
+    lasts = [r.region[-1].min for r in stmt.reads]
+    if not any(isinstance(v, tirx.Var) and v.same_as(out_last) for v in lasts):
+        return None  # B is not contiguous along the output axis
+    # Every other spatial iter must be a unit / batch dim, not a second matrix axis.
+    for iv in iters:
+        if iv.iter_type == tirx.IterVar.DataPar and not iv.var.same_as(out_last):
+            extent = iv.dom.extent
+            if not (isinstance(extent, tirx.IntImm) and extent.value == 1):
+                return None
+    if not any(k_var in tirx.analysis.undefined_vars(r.region[-1].min) for r in stmt.reads):
+        return None
+    inline_spatial(sch, keep=(main,))
+    loop_of = dict(zip((iv.var for iv in iters), sch.get_loops(main), strict=True))
+    j_loop, k_loop = loop_of[out_last], loop_of[k_var]
+    others = [lp for v, lp in loop_of.items() if not v.same_as(out_last) and not v.same_as(k_var)]
+    vec = lanes(hw, int(stmt.writes[0].source.dtype.bits))
+    n = static_extent(sch, j_loop)
+    nr = pick_vector_width(n, 2 * vec) if n is not None else 2 * vec
+    nr = nr if nr >= 4 else 2 * vec
+    jo, ji = sch.split(j_loop, [None, nr])
+    sch.reorder(*others, jo, k_loop, ji)
+    tile = sch.fuse(*others, jo) if others else jo
+    k_extent = static_extent(sch, k_loop)
+    flops = None if n is None or k_extent is None else 2 * n * k_extent
+    if hw.num_cores > 1 and (flops is None or flops >= MIN_PARALLEL_FLOPS):
+        sch.parallel(tile)
+    acc = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(acc, tile, preserve_unit_loops=True)
+    with contextlib.suppress(ScheduleError):
+        sch.vectorize(sch.get_loops(acc)[-1])
+    for block in list(sch.get_consumers(acc)):
+        try:
+            sch.reverse_compute_at(block, tile, preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(block)[-1])
+        except ScheduleError:
+            parallel_vectorize(sch, block, hw)
+    sch.vectorize(ji)
+    sch.decompose_reduction(main, k_loop)
+    return sch
