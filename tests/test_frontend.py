@@ -297,6 +297,20 @@ def test_range_override_keeps_sequence_length_symbolic(start, delta):
         _assert_matches_ort(model, loaded, {"x": np.zeros((2, seq), np.float32)})
 
 
+def test_range_override_empty_when_limit_below_start():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "one"], ["seq"], name="seq_len", axis=0),
+        helper.make_node("Sub", ["seq", "five"], ["limit"], name="minus_five"),
+        helper.make_node("Range", ["zero", "limit", "one"], ["y"], name="positions"),
+    ]
+    inits = [_int64(n, [v], dims=[]) for n, v in (("zero", 0), ("one", 1), ("five", 5))]
+    model = _model(nodes, [_vi("x", ["b", "seq"])], [_vi("y", [None], TensorProto.INT64)], inits)
+    loaded = _load(model)
+    for seq in (3, 8):  # 3 - 5 < 0: an empty range
+        _assert_matches_ort(model, loaded, {"x": np.zeros((1, seq), np.float32)})
+
+
 def test_range_override_defers_to_stock_for_constants():
     nodes = [helper.make_node("Range", ["a", "b", "c"], ["y"], name="r")]
     inits = [_int64("a", [2], dims=[]), _int64("b", [9], dims=[]), _int64("c", [3], dims=[])]

@@ -13,6 +13,7 @@ import contextlib
 import io
 import os
 import re
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -271,7 +272,9 @@ def convert_onnx(
         with contextlib.redirect_stdout(printed), warnings.catch_warnings():
             # LoadedModel keeps the ONNX names, so the importer's renaming notes are noise.
             warnings.filterwarnings("ignore", message="Renaming name")
-            return importer.from_onnx(graph, model_opset(proto))
+            mod = importer.from_onnx(graph, model_opset(proto))
+        sys.stdout.write(printed.getvalue())  # anything else it says on success still shows
+        return mod
     except FusionTVMError:
         raise
     except Exception as err:  # noqa: BLE001 - failures outside a converter are TVM's

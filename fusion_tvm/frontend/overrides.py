@@ -18,6 +18,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as _stock
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter, get_constant, get_numpy
+from tvm.sym import Analyzer, ConstIntBound
 
 _OVERRIDES: dict[str, type[OnnxOpConverter]] = {}
 
@@ -98,8 +99,8 @@ class Range(OnnxOpConverter):
     ``sequence``; adding the position embeddings then loses the static rank of the shape and
     the next ``Shape`` → ``Slice`` fails ("Slice requires a statically known input rank").
     When start and delta are integer constants (start <= 0 < delta) and the limit is a
-    symbolic shape value, the length ``ceil((limit - start) / delta)`` is a shape expression
-    we can write down; other cases go to the stock converter.
+    symbolic shape value, the length ``max(ceil((limit - start) / delta), 0)`` is a shape
+    expression we can write down; other cases go to the stock converter.
     """
 
     @classmethod
@@ -118,6 +119,7 @@ class Range(OnnxOpConverter):
                 limit = tirx.Cast("int64", limit)
             span = limit - start_v if start_v else limit
             count = span if delta_v == 1 else tirx.floordiv(span + (delta_v - 1), delta_v)
+            count = _clamp_to_empty(count)
             positions = relax.op.arange(0, count, 1, dtype)
             if delta_v != 1:
                 positions = relax.op.multiply(positions, relax.const(delta_v, dtype))
@@ -125,6 +127,19 @@ class Range(OnnxOpConverter):
                 positions = relax.op.add(positions, relax.const(start_v, dtype))
             return positions
         return _stock.Range._impl_v12(bb, inputs, attr, params)
+
+
+def _clamp_to_empty(count):
+    """``max(count, 0)``: a negative length is an empty range, as the spec says.
+
+    The variables in a symbolic limit are tensor dims, hence >= 0; with that known the max
+    simplifies away in the common cases (``sequence``, ``(sequence + 1) // 2``) and the result
+    shape stays comparable with the inputs' shapes.
+    """
+    analyzer = Analyzer()
+    for var in tirx.analysis.undefined_vars(count):
+        analyzer.update(var, ConstIntBound(0, ConstIntBound.POS_INF))
+    return analyzer.simplify(tirx.max(count, 0))
 
 
 def _int_scalar(value) -> int | None:
