@@ -80,7 +80,8 @@ def _emit_group(
         bindings.append(relax.VarBinding(out_var, tup))
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], out_var)
     func = relax.Function(params, body, out_var.ty, is_pure=True)
-    func = func.with_attr("Primitive", True)
+    # Symbolic dims must not be shared with the caller: give the group its own copies.
+    func = relax.utils.copy_with_new_vars(func).with_attr("Primitive", True)
     gv = bb.add_func(func, _group_name(graph, members))
     return gv, args, published
 
