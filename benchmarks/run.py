@@ -61,6 +61,7 @@ class Skipped(Exception):  # noqa: N818 - a reason, not an error
 class Context:
     threads: int
     target: str
+    shape_hints: dict | None = None  # sizes of symbolic dims, for dynamic models
 
 
 @dataclass
@@ -87,7 +88,8 @@ def _fusion_tvm(fusion: str):
         if not hasattr(fusion_tvm, "compile"):
             raise Skipped("fusion_tvm.compile is not available in this checkout")
         t0 = time.perf_counter()
-        cm = fusion_tvm.compile(model, target=ctx.target, fusion=fusion)
+        cm = fusion_tvm.compile(model, target=ctx.target, fusion=fusion,
+                                shape_hints=ctx.shape_hints)
         dt = time.perf_counter() - t0
         return Prepared(lambda feeds: list(cm.run(feeds)), dt, cm.num_kernels,
                         getattr(cm, "plan", None))
@@ -381,7 +383,7 @@ def markdown(rows: list[dict], info: dict, args) -> str:
            f"ms (min–max). n/t: not timed; skip: contender unavailable (see notes). "
            f"Errors: max |x - ort| and that over max |ort|.\n"]
     present = [c for c in CONTENDERS if any(c in r["contenders"] for r in rows)]
-    head = ["model", "kernels unfused/FuseOps/ours", "pred. ms ours", "pred. speedup",
+    head = ["model", "kernels unfused/FuseOps/ours", "pred. ms ours/FuseOps", "pred. speedup",
             *[f"{c} ms" for c in present], "meas. speedup vs fuseops", "compile s ours/fuseops",
             "err ours abs/rel"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -399,7 +401,8 @@ def markdown(rows: list[dict], info: dict, args) -> str:
         err = "–" if ours.get("max_abs_err") is None else \
             f"{ours['max_abs_err']:.1e}/{ours['max_rel_err']:.1e}"
         out.append("| " + " | ".join([
-            r["model"], kern, _ms(pred.get("predicted_time_s")),
+            r["model"], kern,
+            f"{_ms(pred.get('predicted_time_s'))}/{_ms(pred.get('baseline_time_s'))}",
             "–" if pspeed is None else f"{pspeed:.2f}x",
             *[_lat(cs[c]) if c in cs else "–" for c in present], speed, comp, err]) + " |")
         for name, c in cs.items():
@@ -546,12 +549,12 @@ def main(argv=None) -> int:
     info = machine_info(args.threads)
     progress(f"{info['cpu']}, {info['usable_cores']} cores, {args.threads} thread(s); "
              f"{len(models)} model(s)")
-    ctx = Context(args.threads, args.target)
     rows = []
     for i, (label, name, kw) in enumerate(models, 1):
         progress(f"[{i}/{len(models)}] {label}: building ONNX")
         model = zoo.get_model(name, **kw)
         feeds = zoo.example_inputs(model, seed=0)
+        ctx = Context(args.threads, args.target, zoo.default_dims(model) or None)
         rows.append(bench_model(label, model, feeds, args.contenders, ctx, args))
         del model
 

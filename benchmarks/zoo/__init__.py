@@ -23,8 +23,8 @@ from .detection import detection_head
 from .mlp import mlp
 from .transformer import bert, gpt2, vit
 
-__all__ = ["ModelSpec", "example_inputs", "get_model", "get_spec", "list_models",
-           "register_model", "small_kwargs"]
+__all__ = ["ModelSpec", "default_dims", "example_inputs", "get_model", "get_spec",
+           "input_shapes", "list_models", "register_model", "small_kwargs"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,11 @@ def _meta(model: onnx.ModelProto, key: str) -> dict:
         if prop.key == key:
             return json.loads(prop.value)
     return {}
+
+
+def default_dims(model: onnx.ModelProto) -> dict[str, int]:
+    """Sizes the model was built for, by symbolic dim name ({} for a static model)."""
+    return dict(_meta(model, "zoo.default_dims"))
 
 
 def input_shapes(model: onnx.ModelProto, **dims) -> dict[str, tuple[int, ...]]:
