@@ -90,6 +90,7 @@ class NestCost:
     inner_extent: int
     ops: dict[str, float]  # operator instances per iteration, by DSP_PER_OP key
     accumulates: bool  # innermost loop carries a reduction
+    stream_bound: bool = False  # reads / writes a stream each iteration: no unroll
     unroll: int = 1
     ii: int = 1
     depth: int = 1
@@ -173,7 +174,11 @@ def price_nest(nest: NestCost, fixed: bool, unroll: int | None = None) -> NestCo
 
 
 def _valid_unrolls(extent: int, max_unroll: int) -> list[int]:
-    return [u for u in (2 ** k for k in range(1, 12)) if u <= max_unroll and extent % u == 0]
+    """Powers of two dividing ``extent``, and ``extent`` itself (complete unroll)."""
+    cands = {u for u in (2 ** k for k in range(1, 12)) if u <= max_unroll and extent % u == 0}
+    if 1 < extent <= max_unroll:
+        cands.add(extent)
+    return sorted(cands)
 
 
 def choose_unroll(nests: list[NestCost], fixed: bool, dsp_budget: float,
@@ -186,6 +191,8 @@ def choose_unroll(nests: list[NestCost], fixed: bool, dsp_budget: float,
         best = None
         for i in sorted(range(len(nests)), key=lambda k: -nests[k].cycles):
             n = nests[i]
+            if n.stream_bound:
+                continue
             nxt = [u for u in _valid_unrolls(n.inner_extent, max_unroll) if u > n.unroll]
             if not nxt:
                 continue
@@ -260,8 +267,9 @@ def estimate_group(graph: FusionGraph, group: Iterable[int], hw: HardwareSpec,
 
             trips = _elems(b.domain, dims)
             inner = int(evaluate(b.domain[-1], dims)) if b.domain else 1
+            streamed = external and not (node.is_reduction or node.is_contraction)
             nests.append(NestCost(f"{node.name}.{b.name}", trips, inner, nest_ops,
-                                  accumulates=b.num_reduce_axes > 0))
+                                  accumulates=b.num_reduce_axes > 0, stream_bound=streamed))
         if inside and not external:
             buffers += bram_blocks(graph.tensors[node.outputs[0]].nbytes(dims) * 8 / 32, bits)
     # Stream hand-off: inputs read by a contraction / reduction are buffered first
@@ -285,6 +293,7 @@ def estimate_group(graph: FusionGraph, group: Iterable[int], hw: HardwareSpec,
         external = t.escapes or not t.consumers or any(c not in group for c in t.consumers)
         if external and (node.is_contraction or node.is_reduction):
             io_cycles += _elems(t.shape, dims)
+            buffers += bram_blocks(_elems(t.shape, dims), bits)
     budget_bram = fpga.bram_18k * config.bram_share
     rom = 0
     offchip = 0.0

@@ -104,7 +104,7 @@ class LeafBlock:
     def has_reduce(self) -> bool:
         return any(int(iv.iter_type) == 2 for iv in self.block.iter_vars)
 
-    def nest(self) -> NestCost:
+    def nest(self, stream_bound: bool = False) -> NestCost:
         """The block as a loop nest for :mod:`fusion_tvm.cost_models.fpga`."""
         trips = 1.0
         for lp in self.loops:
@@ -112,7 +112,8 @@ class LeafBlock:
         inner = int_value(self.loops[-1].extent) if self.loops else 1
         ops: dict[str, float] = {}
         count_ops(self.block.body.value, ops)
-        return NestCost(self.name, trips, inner, ops, accumulates=self.has_reduce)
+        return NestCost(self.name, trips, inner, ops, accumulates=self.has_reduce,
+                        stream_bound=stream_bound)
 
 
 def leaf_blocks(func: tirx.PrimFunc) -> list[LeafBlock]:
@@ -171,3 +172,16 @@ def loop_annotation(loop: tirx.For, key: str) -> int | None:
         return None
     v = ann[key]
     return int(v.value) if hasattr(v, "value") else int(v)
+
+
+def stream_bound_blocks(func: tirx.PrimFunc) -> set[str]:
+    """Leaf blocks that read or write a parameter directly from / to a stream."""
+    from .cgen import _accesses, direct_ports
+
+    ins, outs = direct_ports(func)
+    acc = _accesses(func)
+    names: set[str] = set()
+    for k in ins | outs:
+        for lb, *_ in acc.get(func.params[k].name, []):
+            names.add(lb.name)
+    return names

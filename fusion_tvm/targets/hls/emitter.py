@@ -4,9 +4,9 @@ The design is one ``DATAFLOW`` top function: a *load* process per model input (`
 pointer -> streams), one process per fused group (:mod:`.cgen`), and a *store* process
 per output. Every tensor travels between processes through ``hls::stream`` FIFOs, one
 per consumer, so each FIFO has one producer and one consumer as DATAFLOW requires. A
-FIFO is 2 deep when its consumer reads it element by element as its only stream;
-otherwise (the consumer buffers it, or reads several streams) it holds the whole tensor,
-which keeps reconvergent paths (residuals) free of deadlock.
+FIFO is 2 deep when it is its consumer's only stream input (read first and in order);
+when the consumer reads several streams it holds the whole tensor, which keeps
+reconvergent paths (residuals) free of deadlock.
 
 Weights are ``static const`` ROM arrays while the BRAM budget allows (smallest first);
 the rest stay in DDR behind ``m_axi`` ports and the testbench loads them from files.
@@ -27,7 +27,14 @@ import numpy as np
 from ...cost_models.fpga import NestCost, bram_blocks, price_nest
 from ...cost_models.hardware import HardwareSpec
 from ...errors import CapacityError
-from .analysis import UNROLL_ATTR, alloc_buffers, int_value, leaf_blocks, loop_annotation
+from .analysis import (
+    UNROLL_ATTR,
+    alloc_buffers,
+    int_value,
+    leaf_blocks,
+    loop_annotation,
+    stream_bound_blocks,
+)
 from .cgen import DataType, KernelPrinter, Port, cident, direct_ports
 from .program import Program
 
@@ -184,7 +191,9 @@ def plan_design(program: Program, hw: HardwareSpec, dtype: DataType) -> Design:
             if param >= 0:
                 kd = next(k for k in kernels if k.cname == consumer)
                 n_streams = sum(1 for p in kd.ports.values() if p.kind == "stream_in")
-                if kd.ports[param].direct and n_streams == 1:
+                # A process with one stream input reads it first and in order (directly or
+                # into its buffer), so the FIFO never fills while the producer waits on it.
+                if n_streams == 1:
                     depth = 2
             else:
                 depth = 2
@@ -207,7 +216,9 @@ def _price(design: Design, unroll_from_annotations: bool = False) -> None:
             for lb in leaves:
                 u = loop_annotation(lb.loops[-1], UNROLL_ATTR) if lb.loops else None
                 kd.unroll[lb.name] = u or 1
-        kd.nests = [price_nest(lb.nest(), fixed, kd.unroll.get(lb.name, 1)) for lb in leaves]
+        bound = stream_bound_blocks(kd.func)
+        kd.nests = [price_nest(lb.nest(lb.name in bound), fixed, kd.unroll.get(lb.name, 1))
+                    for lb in leaves]
         printer = KernelPrinter(kd.func, kd.cname, kd.ports, dt, kd.unroll)
         kd.proto, kd.code = printer.print()
         kd.partitions = printer.partitions

@@ -14,13 +14,21 @@ from tvm import s_tir, tirx
 
 from ...cost_models.fpga import FpgaConfig, choose_unroll
 from ..base import ScheduleRule
-from .analysis import PIPELINE_ATTR, UNROLL_ATTR, alloc_buffers, leaf_blocks
+from .analysis import (
+    PIPELINE_ATTR,
+    UNROLL_ATTR,
+    alloc_buffers,
+    leaf_blocks,
+    stream_bound_blocks,
+)
 
 
 def _annotate(sch: s_tir.Schedule, hw, config: FpgaConfig) -> s_tir.Schedule:
     func = sch.mod["main"]
     leaves = leaf_blocks(func)
-    nests = choose_unroll([lb.nest() for lb in leaves], config.fixed_bits is not None,
+    bound = stream_bound_blocks(func)
+    nests = choose_unroll([lb.nest(lb.name in bound) for lb in leaves],
+                          config.fixed_bits is not None,
                           hw.fpga.dsp * config.dsp_share, config.max_unroll)
     for lb, nest in zip(leaves, nests, strict=True):
         if not lb.loops:
