@@ -517,6 +517,23 @@ def test_bad_shape_or_dtype_dict(kw, match):
         load_model(DATA / "cnn_bn.onnx", **kw)
 
 
+@tvm.script.ir_module
+class _WithWeights:
+    @R.function
+    def main(x: R.Tensor((1, 4), "float32"), w: R.Tensor((4, 2), "float32")):
+        R.func_attr({"num_input": 1})
+        with R.dataflow():
+            y = R.matmul(x, w)
+            R.output(y)
+        return y
+
+
+def test_irmodule_weights_after_num_input_are_not_inputs():
+    loaded = load_model(_WithWeights)
+    assert loaded.input_names == ("x",)
+    assert loaded.input_shapes == ((1, 4),)
+
+
 def test_irmodule_without_main():
     with pytest.raises(UserInputError, match="'main'"):
         load_model(tvm.IRModule({}))

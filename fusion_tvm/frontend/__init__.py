@@ -107,7 +107,7 @@ def from_irmodule(mod: IRModule, source: Source) -> LoadedModel:
     """Describe a Relax module whose ``main`` is the entry point."""
     main = _main_function(mod)
     _check_well_formed(mod)
-    names = [p.name for p in main.params]
+    names = [p.name for p in _user_params(main)]
     num_outputs = len(main.ret_ty.fields) if isinstance(main.ret_ty, relax.TupleType) else 1
     outputs = ["output"] if num_outputs == 1 else [f"output_{i}" for i in range(num_outputs)]
     return _describe(mod, source, names, outputs)
@@ -130,12 +130,15 @@ def _check_well_formed(mod: IRModule) -> None:
         raise UserInputError(f"the IRModule is not well-formed Relax: {lines[-1]}") from None
 
 
-def _describe(mod: IRModule, source: Source, input_names, output_names) -> LoadedModel:
-    main = _main_function(mod)
+def _user_params(main: relax.Function) -> list[relax.Var]:
+    # Modules that take weights as parameters mark how many leading ones are real inputs.
     num_inputs = int(main.attrs["num_input"]) if main.attrs and "num_input" in main.attrs else None
-    params = list(main.params)[:num_inputs]
+    return list(main.params)[:num_inputs]
+
+
+def _describe(mod: IRModule, source: Source, input_names, output_names) -> LoadedModel:
     shapes, dtypes = [], []
-    for param in params:
+    for param in _user_params(_main_function(mod)):
         ty = param.ty
         if not isinstance(ty, relax.TensorType):
             shapes.append(())
