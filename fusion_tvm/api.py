@@ -14,9 +14,11 @@ from tvm import relax
 from .cost_models.hardware import HardwareSpec
 from .errors import InputMismatchError, UserInputError
 from .frontend import LoadedModel, load_model, load_torch
+from .graph import default_dims
 from .pipeline import FusionMode, fusion_mode, make_pipeline
 from .plan import FusionPlan
 from .search import SearchConfig
+from .shape_hints import check_names, sample_values
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -175,7 +177,8 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     cost_model : str, optional
         Registered cost model name; the backend's default (``"roofline"``, ``"fpga"``).
     shape_hints : mapping, optional
-        Expected values of symbolic dims (e.g. ``{"N": 8}``) for the cost model.
+        Expected values of symbolic dims for the cost model: ``{"N": 8}``, a range
+        ``{"N": (1, 64)}`` or a list ``{"S": [16, 128]}``.
     shape_dict : mapping, optional
         ONNX input shapes to override (strings stay symbolic).
     example_inputs : sequence, optional
@@ -194,6 +197,10 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         loaded = load_torch(model, example_inputs)
     else:
         loaded = load_model(model, shape_dict=shape_dict)
+    if shape_hints:
+        check_names(shape_hints, set(default_dims(loaded.mod)))
+        for value in shape_hints.values():
+            sample_values(value)
     parts = make_pipeline(
         target=target or "llvm", hw=hw, fusion=fusion_mode(fusion), schedule=schedule,
         cost_model=cost_model, shape_hints=shape_hints, config=search,

@@ -15,11 +15,13 @@ from tvm import relax
 from ..baseline import fuseops_groups
 from ..cost_models.base import CostModel, get_cost_model
 from ..cost_models.hardware import HardwareSpec
+from ..cost_models.multi_point import MultiPointCostModel
 from ..cost_models.presets import get_hardware
 from ..graph import build_fusion_graph, default_dims
 from ..grouping import rewrite_block, vars_used_after
 from ..plan import BlockPlan, FusionPlan, count_kernels, group_plan, is_kernel
 from ..search import SearchConfig, search_partition, singletons
+from ..shape_hints import check_names, representative, sample_points
 
 
 def _fusable_functions(mod: tvm.IRModule) -> list[str]:
@@ -49,7 +51,8 @@ class FuseByCostModel:
     config : SearchConfig, optional
         Search options.
     shape_hints : mapping, optional
-        Values of symbolic dims used to evaluate sizes (name -> int).
+        Expected values of symbolic dims: an int, a ``(lo, hi)`` range or a list of values
+        per dim name; with ranges the plan is chosen over sample points of the range.
     compare_fuseops : bool
         Also price FuseOps's partition for the plan's predicted speedup.
 
@@ -85,15 +88,27 @@ class FuseByCostModel:
         """Fuse every dataflow block of every non-primitive Relax function."""
         start = time.perf_counter()
         funcs = _fusable_functions(mod)
-        dims = default_dims(mod, self.shape_hints)
+        dims = default_dims(mod)
+        check_names(self.shape_hints, set(dims))
+        dims.update({k: representative(v) for k, v in self.shape_hints.items()})
+        model = self.cost_model
+        points = sample_points(self.shape_hints) if self.shape_hints else []
+        if len(points) > 1:
+            model = MultiPointCostModel(self.cost_model, [{**dims, **p} for p in points])
         plan = FusionPlan(
             target=str(getattr(self.backend, "name", "") or self.hw.target.get("kind", "")),
             hardware=self.hw.name,
-            cost_model=self.cost_model.name,
+            cost_model=model.name,
             dims=dims,
-            cost_model_obj=self.cost_model,
+            cost_model_obj=model,
             limits=self.config.limits,
         )
+        if len(points) > 1:
+            plan.notes.append(f"plan chosen over {len(points)} sample points: {points}")
+        unhinted = sorted(set(dims) - set(self.shape_hints))
+        if unhinted:
+            defaults = {k: dims[k] for k in unhinted}
+            plan.notes.append(f"no hint for {unhinted}: defaults used {defaults}")
         baseline = {}
         if self.compare_fuseops:
             try:
@@ -119,22 +134,22 @@ class FuseByCostModel:
                 used_later = vars_used_after(func, bi)
                 graph = build_fusion_graph(mod, block, used_later, dims, info_cache)
                 t0 = time.perf_counter()
-                groups = search_partition(graph, self.cost_model, self.config)
+                groups = search_partition(graph, model, self.config)
                 search_s += time.perf_counter() - t0
                 fo_groups = None
                 if baseline is not None:
                     fo_groups = _complete(baseline.get((fi, bi), []), len(graph.nodes))
-                    fo_time += self.cost_model.estimate_plan(graph, fo_groups)
+                    fo_time += model.estimate_plan(graph, fo_groups)
                     fo_kernels += count_kernels(graph, fo_groups)
                 plan.blocks.append(BlockPlan(fname, bi, groups, fo_groups, graph))
-                plan.predicted_time_s += self.cost_model.estimate_plan(graph, groups)
-                plan.unfused_time_s += self.cost_model.estimate_plan(graph, singletons(graph))
+                plan.predicted_time_s += model.estimate_plan(graph, groups)
+                plan.unfused_time_s += model.estimate_plan(graph, singletons(graph))
                 plan.num_kernels += count_kernels(graph, groups)
                 plan.unfused_kernels += count_kernels(graph, singletons(graph))
                 for g in groups:
                     if is_kernel(graph, g):
                         name = "+".join(graph.nodes[i].func_name for i in sorted(g))
-                        plan.groups.append(group_plan(graph, g, self.cost_model, fname, name))
+                        plan.groups.append(group_plan(graph, g, model, fname, name))
                 new_blocks.append(rewrite_block(bb, graph, block, groups, used_later))
             new_func = relax.Function(
                 func.params, relax.SeqExpr(new_blocks, func.body.body), func.ret_ty,
