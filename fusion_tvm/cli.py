@@ -388,6 +388,9 @@ def cmd_run(args, progress: Progress) -> int:
     art = Path(args.artifact)
     if not art.is_file():
         raise UserInputError(f"artifact '{art}' does not exist")
+    for path in args.inputs:
+        if not Path(path).is_file():
+            raise UserInputError(f"input file '{path}' does not exist")
     meta_path = companion_json(art)
     meta = {}
     if meta_path.is_file():
@@ -627,11 +630,19 @@ def cmd_hw(args, progress: Progress) -> int:
     for cls, v in spec.peak_flops.items():
         print(f"  peak {cls.value:<15} {v / 1e9:>12.1f} GFLOP/s")
     for lvl in spec.memory:
-        print(f"  memory {lvl.name:<6} {lvl.capacity_bytes / 1024:>14.0f} KiB "
+        print(f"  memory {lvl.name:<6} {_bytes(lvl.capacity_bytes):>10} "
               f"{lvl.bandwidth_bytes_per_s / 1e9:>10.1f} GB/s{' shared' if lvl.shared else ''}")
     if spec.efficiency:
         print("  efficiency: " + ", ".join(f"{k}={v:.2f}" for k, v in spec.efficiency.items()))
     return EXIT_OK
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 def _calibrate_hook(args, progress: Progress) -> int:

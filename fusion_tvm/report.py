@@ -90,7 +90,12 @@ def explain_ops(plan: FusionPlan, op_a: str, op_b: str) -> tuple[Explanation, li
                 return labels[(bi, n.id)]
         return name  # explain() raises the user error listing the known names
 
-    return explain(view, resolve(op_a), resolve(op_b)), notes
+    label_a, label_b = resolve(op_a), resolve(op_b)
+    exp = explain(view, label_a, label_b)
+    # say it in the user's words, with the op each name resolved to
+    named_a = op_a if op_a == label_a else f"{op_a} ({label_a})"
+    named_b = op_b if op_b == label_b else f"{op_b} ({label_b})"
+    return dataclasses.replace(exp, op_a=named_a, op_b=named_b), notes
 
 
 # ---------------------------------------------------------------------------- plan model

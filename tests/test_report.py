@@ -1,0 +1,127 @@
+"""The plan report: labels, boundaries, layout, text, and the HTML page (in headless Chromium)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fusion_tvm.cli import Progress, search_plan
+from fusion_tvm.frontend import load_model
+from fusion_tvm.report import (
+    _layout_block,
+    boundaries,
+    explain_ops,
+    kernel_groups,
+    op_labels,
+    render_html,
+    render_text,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "fusion_tvm" / "examples" / "detection_head.onnx"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def plan():
+    loaded = load_model(str(EXAMPLE))
+    return search_plan(loaded, "llvm", "ci-x86-avx2", {}, Progress(quiet=True))
+
+
+def test_labels_are_unique(plan):
+    labels = op_labels(plan)
+    assert len(set(labels.values())) == len(labels)
+    nodes = sum(len(b.graph.nodes) for b in plan.blocks)
+    assert len(labels) == nodes
+
+
+def test_kernel_groups_match_plan_groups(plan):
+    kg = kernel_groups(plan)
+    assert len(kg) == len(plan.groups) == plan.num_kernels
+    for (_, ids), gp in zip(kg, plan.groups, strict=True):
+        assert sorted(ids) == gp.node_ids
+
+
+def test_every_boundary_is_explained(plan):
+    bounds = boundaries(plan)
+    assert bounds, "a model with several kernels has boundaries"
+    labels = set(op_labels(plan).values())
+    for b in bounds:
+        assert b.reason
+        assert b.producer in labels
+        assert b.consumer == "" or b.consumer in labels
+        assert b.consumer_group is None or b.consumer_group != b.group
+    # every kernel but the model's last ones feeds another kernel: each has a boundary
+    assert {b.group for b in bounds} == set(range(len(plan.groups)))
+
+
+def test_ambiguous_names_are_resolved_and_reported(plan):
+    names = [n.name for b in plan.blocks for n in b.graph.nodes if n.info is not None]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if not dups:
+        pytest.skip("no duplicate binding names in this module")
+    exp, notes = explain_ops(plan, dups[0], plan.groups[-1].prim_funcs[0])
+    assert notes and dups[0] in notes[0]
+    assert exp.reason
+
+
+def test_layout_boxes_do_not_overlap(plan):
+    index = {key: k for k, key in enumerate(kernel_groups(plan))}
+    boxes, pos, width, height = _layout_block(plan.blocks[0], 0, index, 0.0)
+    assert width > 0 and height > 0
+    for a, b in itertools.combinations(boxes, 2):
+        apart = (a.x + a.w <= b.x or b.x + b.w <= a.x or a.y + a.h <= b.y or b.y + b.h <= a.y)
+        assert apart, (a.key, b.key)
+    for box in boxes:  # every op inside its own box
+        for n in box.key[1]:
+            x, y = pos[n]
+            assert box.x <= x < box.x + box.w and box.y <= y < box.y + box.h
+
+
+def test_text_report(plan):
+    text = render_text(plan)
+    assert plan.table() in text
+    assert "kernel boundaries (why not fused):" in text
+    assert re.search(r"#0\s+-> ", text)
+
+
+def test_html_is_self_contained_and_draws_every_group(plan):
+    page = render_html(plan, title="detection head")
+    groups = re.findall(r'data-group="(\d+)"', page)
+    assert sorted(map(int, groups)) == list(range(len(plan.groups)))
+    # nothing to fetch: no external scripts, styles, images or fonts
+    assert not re.search(r"<(link|img|iframe)\b", page)
+    assert not re.search(r"\b(src|href)\s*=", page)
+    assert not re.search(r"url\(", page)
+    urls = set(re.findall(r"https?://[^\s\"'<>]+", page))
+    assert urls <= {"http://www.w3.org/2000/svg"}
+    assert "<svg" in page and "predicted speedup vs FuseOps" in page
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install "
+                    "chromium)")
+def test_html_renders_in_chromium(plan, tmp_path):
+    page = tmp_path / "plan.html"
+    page.write_text(render_html(plan, title="detection head"))
+    dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    drawn = set(re.findall(r'<g class="group[^"]*" data-group="(\d+)"', dom.stdout))
+    assert drawn == {str(k) for k in range(len(plan.groups))}
+    # the script ran: it marks the body and filled the details panel for kernel 0
+    assert f'data-ready="{len(plan.groups)}"' in dom.stdout
+    assert "why the boundary is here" in dom.stdout
+    shot = tmp_path / "plan.png"
+    res = _chromium(tmp_path, "--hide-scrollbars", "--window-size=1280,900",
+                    f"--screenshot={shot}", page.as_uri())
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
