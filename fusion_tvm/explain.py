@@ -86,7 +86,7 @@ def explain(plan: FusionPlan, op_a: str, op_b: str) -> Explanation:
         return Explanation(op_a, op_b, True, "one kernel: the cost model predicts the group "
                            "faster than its ops run apart", names_a, names_b, separate, merged)
     union = ga | gb
-    decision = is_legal(graph, union, plan.limits)
+    decision = is_legal(graph, union, plan.limits, plan.kinds)
     separate = model.estimate(graph, ga).time_s + model.estimate(graph, gb).time_s
     if not decision:
         return Explanation(op_a, op_b, False, f"illegal: {decision.reason}", names_a, names_b)

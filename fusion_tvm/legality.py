@@ -63,6 +63,67 @@ class TemplateLimits:
     max_nodes: int = 64
 
 
+@dataclass(frozen=True)
+class FusionKinds:
+    """Kinds of fusion the search may use; all on by default, switched off for ablations.
+
+    Attributes
+    ----------
+    reduction_chains : bool
+        A reduction together with what consumes it (softmax, layernorm as one kernel).
+    multi_output : bool
+        A group may publish several outputs instead of being cut.
+    prologue : bool
+        Producers folded into a matmul / conv's loads (transposes, casts, elementwise).
+    weight_folding : bool
+        BatchNorm folded into conv weights at compile time (prepare phase).
+    """
+
+    reduction_chains: bool = True
+    multi_output: bool = True
+    prologue: bool = True
+    weight_folding: bool = True
+
+
+def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -> FusionDecision:
+    """Refuse groups that need a kind of fusion that is switched off."""
+    if len(group) == 1:
+        return FusionDecision.allow()
+    nodes = [graph.nodes[i] for i in sorted(group)]
+    if not kinds.reduction_chains:
+        for n in nodes:
+            if n.is_reduction and any(c in group for c in graph.succs[n.id]):
+                return FusionDecision.forbid(
+                    f"reduction chains are switched off and {n.name} feeds the group"
+                )
+    if not kinds.multi_output:
+        published = sum(
+            1 for n in nodes
+            if graph.tensors[n.outputs[0]].escapes
+            or any(c not in group for c in graph.tensors[n.outputs[0]].consumers)
+        )
+        if published > 1:
+            return FusionDecision.forbid("multi-output groups are switched off")
+    if not kinds.prologue:
+        for n in nodes:
+            if n.is_contraction and any(p in group for p in _ancestors(graph, n.id, group)):
+                return FusionDecision.forbid(
+                    f"prologue fusion is switched off and {n.name} has producers in the group"
+                )
+    return FusionDecision.allow()
+
+
+def _ancestors(graph: FusionGraph, node: int, within: frozenset[int]) -> set[int]:
+    seen: set[int] = set()
+    stack = [p for p in graph.preds[node] if p in within]
+    while stack:
+        u = stack.pop()
+        if u not in seen:
+            seen.add(u)
+            stack.extend(p for p in graph.preds[u] if p in within)
+    return seen
+
+
 def classify(graph: FusionGraph, group: Iterable[int]) -> GroupKind:
     """The template family of a group."""
     nodes = [graph.nodes[i] for i in group]
@@ -151,14 +212,20 @@ def check_templates(
 
 
 def is_legal(
-    graph: FusionGraph, group: frozenset[int], limits: TemplateLimits | None = None
+    graph: FusionGraph,
+    group: frozenset[int],
+    limits: TemplateLimits | None = None,
+    kinds: FusionKinds | None = None,
 ) -> FusionDecision:
     """All legality checks in order; the first failure is returned."""
     for check in (check_members, check_connected, check_convex):
         d = check(graph, group)
         if not d:
             return d
-    return check_templates(graph, group, limits or TemplateLimits())
+    d = check_templates(graph, group, limits or TemplateLimits())
+    if not d or kinds is None:
+        return d
+    return check_kinds(graph, group, kinds)
 
 
 def quotient_is_acyclic(graph: FusionGraph, groups: Iterable[frozenset[int]]) -> bool:

@@ -24,6 +24,7 @@ from .cost_models.base import CostModel, get_cost_model
 from .cost_models.hardware import HardwareSpec
 from .cost_models.presets import get_hardware
 from .errors import UnknownNameError
+from .legality import FusionKinds
 from .passes.fuse_by_cost_model import FuseByCostModel
 from .passes.split_to_slices import SplitToSlices
 from .search import SearchConfig
@@ -47,10 +48,16 @@ def fusion_mode(value: str | FusionMode) -> FusionMode:
         raise UnknownNameError(f"unknown fusion mode '{value}'; known: {known}") from err
 
 
-def prepare_passes(backend: Backend | None = None) -> list[tvm.transform.Pass]:
-    """Inference simplifications, legalization and annotation."""
+def prepare_passes(
+    backend: Backend | None = None, kinds: FusionKinds | None = None
+) -> list[tvm.transform.Pass]:
+    """Inference simplifications (BatchNorm folded into conv weights unless switched off),
+    legalization and annotation."""
     layout = list(backend.layout_passes()) if backend is not None else []
+    kinds = kinds or FusionKinds()
+    fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
     return [
+        *fold,
         relax.transform.DecomposeOpsForInference(),
         SplitToSlices(),
         relax.transform.CanonicalizeBindings(),
@@ -122,7 +129,9 @@ def make_pipeline(
 
     sched = [ApplyTargetSchedule(backend, hw)] if schedule else []
     return PipelineParts(
-        prepare=tvm.transform.Sequential(prepare_passes(backend), name="fusion_tvm.prepare"),
+        prepare=tvm.transform.Sequential(
+            prepare_passes(backend, (config or SearchConfig()).kinds), name="fusion_tvm.prepare"
+        ),
         fuse=tvm.transform.Sequential(
             fuse + [relax.transform.DeadCodeElimination()], name="fusion_tvm.fuse"
         ),

@@ -64,6 +64,7 @@ class FusionPlan:
     blocks: list[BlockPlan] = field(default_factory=list, repr=False)
     cost_model_obj: Any = field(default=None, repr=False)
     limits: Any = field(default=None, repr=False)
+    kinds: Any = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- derived
     @property
@@ -81,7 +82,7 @@ class FusionPlan:
     # ----------------------------------------------------------------- output
     def to_json(self) -> dict:
         """A JSON-ready summary (groups included, graphs left out)."""
-        hidden = ("blocks", "cost_model_obj", "limits")
+        hidden = ("blocks", "cost_model_obj", "limits", "kinds")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
         d["groups"] = [asdict(g) for g in self.groups]
         d["predicted_speedup"] = self.predicted_speedup

@@ -20,7 +20,13 @@ from functools import cache
 
 from .cost_models.base import CostModel
 from .graph import FusionGraph
-from .legality import FusionDecision, TemplateLimits, is_legal, quotient_is_acyclic
+from .legality import (
+    FusionDecision,
+    FusionKinds,
+    TemplateLimits,
+    is_legal,
+    quotient_is_acyclic,
+)
 
 
 @dataclass(frozen=True)
@@ -35,15 +41,18 @@ class SearchConfig:
         Safety valve on the number of candidate groups the exact search may enumerate.
     limits : TemplateLimits
         What the target's templates can schedule in one group.
+    kinds : FusionKinds
+        Which kinds of fusion are allowed (ablations switch some off).
     """
 
     exact_limit: int = 12
     max_exact_groups: int = 20000
     limits: TemplateLimits = field(default_factory=TemplateLimits)
+    kinds: FusionKinds = field(default_factory=FusionKinds)
 
 
-def _acceptable(graph, group, model, limits) -> FusionDecision:
-    d = is_legal(graph, group, limits)
+def _acceptable(graph, group, model, config: SearchConfig) -> FusionDecision:
+    d = is_legal(graph, group, config.limits, config.kinds)
     if not d:
         return d
     cost = model.estimate(graph, group)
@@ -82,7 +91,7 @@ def exact_partition(
     pred_mask = [sum(1 << p for p in graph.preds[i]) for i in range(n)]
     candidates: list[tuple[int, int, float, frozenset[int]]] = []  # (mask, preds, cost, g)
     for g in _connected_groups(graph, config.max_exact_groups):
-        if len(g) > 1 and not _acceptable(graph, g, model, config.limits):
+        if len(g) > 1 and not _acceptable(graph, g, model, config):
             continue
         mask = sum(1 << i for i in g)
         preds = 0
@@ -146,7 +155,7 @@ def greedy_partition(
         if not (graph.nodes[min(members[a])].fusible and graph.nodes[min(members[b])].fusible):
             return
         merged = members[a] | members[b]
-        if not _acceptable(graph, merged, model, config.limits):
+        if not _acceptable(graph, merged, model, config):
             return
         gain = cost[a] + cost[b] - model.estimate(graph, merged).time_s
         if gain > 0:
@@ -222,7 +231,7 @@ def brute_force_partition(
     best = (float("inf"), [])
     for part in _set_partitions(list(range(len(graph.nodes)))):
         groups = [frozenset(p) for p in part]
-        if any(len(g) > 1 and not _acceptable(graph, g, model, config.limits) for g in groups):
+        if any(len(g) > 1 and not _acceptable(graph, g, model, config) for g in groups):
             continue
         if not quotient_is_acyclic(graph, groups):
             continue

@@ -6,6 +6,7 @@ run it after ``LegalizeOps`` + ``AnnotateTIROpPattern`` and follow it with ``Fus
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 
@@ -78,8 +79,10 @@ class FuseByCostModel:
             self.hw = get_hardware(hw or "host")
             self.cost_model = get_cost_model(cost_model, self.hw, backend)
         self.backend = backend
-        limits = backend.template_limits if backend is not None else None
-        self.config = config or (SearchConfig(limits=limits) if limits else SearchConfig())
+        # The backend's template limits are capabilities: they override the config's.
+        self.config = config or SearchConfig()
+        if backend is not None:
+            self.config = dataclasses.replace(self.config, limits=backend.template_limits)
         self.shape_hints = dict(shape_hints or {})
         self.compare_fuseops = compare_fuseops
         self.plan = FusionPlan()
@@ -102,6 +105,7 @@ class FuseByCostModel:
             dims=dims,
             cost_model_obj=model,
             limits=self.config.limits,
+            kinds=self.config.kinds,
         )
         if len(points) > 1:
             plan.notes.append(f"plan chosen over {len(points)} sample points: {points}")
