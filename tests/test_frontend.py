@@ -149,6 +149,12 @@ def test_stock_importer_fails_on_export(name):
         stock_from_onnx(model)
 
 
+def test_fixtures_are_small():
+    sizes = {p.name: p.stat().st_size for p in DATA.glob("*.onnx")}
+    assert set(EXPORTS) <= {name.removesuffix(".onnx") for name in sizes}
+    assert all(size < 500 * 1024 for size in sizes.values()), sizes
+
+
 def test_cnn_fixture_keeps_batch_norm():
     # The export must keep BN (do_constant_folding=False), or this test covers nothing.
     ops = {n.op_type for n in onnx.load(str(DATA / "cnn_bn.onnx")).graph.node}
