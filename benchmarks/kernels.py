@@ -5,8 +5,10 @@ count runs in its own subprocess with ``TVM_NUM_THREADS`` and ``OPENBLAS_NUM_THR
 because both thread pools read them once at start-up. Inside a worker, TVM and numpy runs
 alternate (interleaved) and the median of the repetitions is reported, so a noisy
 neighbour slows both sides alike. Prints a table and writes
-``benchmarks/results/kernels.json``; the ``efficiency`` column is GFLOP/s over the
-``HardwareSpec`` peak of the cores used.
+``benchmarks/results/kernels.json``. ``efficiency`` is the roofline time (``HardwareSpec``
+peak FLOP/s per op class, and bandwidth of the memory level holding the data, for the cores
+used) over the measured median time: for a compute-bound GEMM it is GFLOP/s over peak.
+``ratio`` is numpy's time over ours (> 1: faster than numpy/OpenBLAS).
 """
 
 from __future__ import annotations
@@ -29,6 +31,19 @@ CASES = {
     "matmul_1024": ("matmul", dict(m=1024, n=1024, k=1024)),
     "matmul_bias_gelu_512": ("matmul_epi", dict(m=512, n=512, k=512)),
     "conv_resnet_64x56x56_3x3": ("conv", dict(n=1, c=64, h=56, w=56, o=64, r=3)),
+    "conv_resnet_256x14x14_3x3": ("conv", dict(n=1, c=256, h=14, w=14, o=256, r=3)),
+    "softmax_256x1024": ("softmax", dict(m=256, n=1024)),
+    "bias_relu_1024x1024": ("bias_relu", dict(m=1024, n=1024)),
+    "matmul_512_fallback_only": ("matmul", dict(m=512, n=512, k=512, rules="fallback")),
+}
+
+#: The rule each case calibrates (the efficiency table in fusion_tvm/targets/llvm_cpu).
+CALIBRATES = {
+    "matmul_1024": "matmul",
+    "conv_resnet_64x56x56_3x3": "conv2d",
+    "softmax_256x1024": "reduction",
+    "bias_relu_1024x1024": "elementwise",
+    "matmul_512_fallback_only": "fallback",
 }
 
 
@@ -63,6 +78,24 @@ def _conv_module(n, c, h, w, o, r):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, wt, padding=r // 2))
             y = bb.emit(relax.op.nn.relu(relax.op.add(y, b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _rowwise_module(kind, m, n):
+    from tvm import relax
+    from tvm.script import relax as R
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((m, n), "float32"))
+    b = relax.Var("b", R.Tensor((n,), "float32"))
+    with bb.function("main", [x, b]):
+        with bb.dataflow():
+            if kind == "softmax":
+                y = bb.emit(relax.op.nn.softmax(x))
+            else:
+                y = bb.emit(relax.op.nn.relu(relax.op.add(x, b)))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
@@ -104,6 +137,18 @@ def _case(kind, p, rng):
                 return 0.5 * y * (1 + np.tanh(sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
 
         return _matmul_module(m, n, k, kind == "matmul_epi"), [x, w, b], ref, 2 * m * n * k
+    if kind in ("softmax", "bias_relu"):
+        m, n = p["m"], p["n"]
+        x = rng.standard_normal((m, n), dtype=np.float32)
+        b = rng.standard_normal(n, dtype=np.float32)
+        if kind == "softmax":
+            def ref():
+                e = np.exp(x - x.max(axis=1, keepdims=True))
+                return e / e.sum(axis=1, keepdims=True)
+        else:
+            def ref():
+                return np.maximum(x + b, 0)
+        return _rowwise_module(kind, m, n), [x, b], ref, 0
     n, c, h, w_, o, r = (p[key] for key in ("n", "c", "h", "w", "o", "r"))
     x = rng.standard_normal((n, c, h, w_), dtype=np.float32)
     wt = rng.standard_normal((o, c, r, r), dtype=np.float32)
@@ -119,14 +164,59 @@ def _case(kind, p, rng):
     return _conv_module(n, c, h, w_, o, r), [x, wt, b], ref, 2 * n * o * h * w_ * c * r * r
 
 
+def _work(kind: str, p: dict, inputs: list[np.ndarray]) -> tuple[dict, int]:
+    """(FLOPs by op class, bytes moved) of a case, as the roofline cost model counts them."""
+    from fusion_tvm.cost_models.hardware import OpClass
+
+    out_elems = {
+        "matmul": p.get("m", 0) * p.get("n", 0),
+        "conv": p.get("n", 0) * p.get("o", 0) * p.get("h", 0) * p.get("w", 0),
+    }
+    nbytes = sum(a.nbytes for a in inputs)
+    if kind in ("matmul", "matmul_epi"):
+        flops = {OpClass.MATMUL: 2.0 * p["m"] * p["n"] * p["k"]}
+        if kind == "matmul_epi":
+            flops[OpClass.ELEMENTWISE] = 6.0 * p["m"] * p["n"]
+            flops[OpClass.TRANSCENDENTAL] = 1.0 * p["m"] * p["n"]
+        return flops, nbytes + 4 * out_elems["matmul"]
+    if kind == "conv":
+        flops = {OpClass.CONV: 2.0 * out_elems["conv"] * p["c"] * p["r"] ** 2,
+                 OpClass.ELEMENTWISE: 2.0 * out_elems["conv"]}
+        return flops, nbytes + 4 * out_elems["conv"]
+    elems = p["m"] * p["n"]
+    if kind == "softmax":  # max, sum | subtract, divide | exp
+        flops = {OpClass.REDUCTION: 2.0 * elems, OpClass.ELEMENTWISE: 2.0 * elems,
+                 OpClass.TRANSCENDENTAL: 1.0 * elems}
+    else:  # add, max
+        flops = {OpClass.ELEMENTWISE: 2.0 * elems}
+    return flops, nbytes + 4 * elems
+
+
+def _roofline_s(hw, flops: dict, nbytes: int, threads: int) -> float:
+    """Lower bound on the time: peak FLOP/s per class and the bandwidth of the level that
+    holds the data (private levels count the cores in use), scaled to ``threads`` cores."""
+    share = threads / hw.num_cores
+    compute = sum(f / (hw.peak_flops[cls] * share) for cls, f in flops.items())
+    bandwidth = hw.dram.bandwidth_bytes_per_s
+    for lvl in hw.memory:
+        if nbytes <= lvl.capacity_bytes * (1 if lvl.shared else threads):
+            bandwidth = lvl.bandwidth_bytes_per_s * (1 if lvl.shared else share)
+            break
+    return max(compute, nbytes / bandwidth)
+
+
 def _worker(threads: int, reps: int, names: list[str]) -> list[dict]:
     import tvm
     from tvm import relax, tirx
 
     import fusion_tvm.targets  # noqa: F401
-    from fusion_tvm.cost_models.hardware import OpClass
     from fusion_tvm.cost_models.presets import get_hardware
     from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
+    from fusion_tvm.targets.llvm_cpu import Fallback, LLVMCPUBackend
+
+    class FallbackOnly(LLVMCPUBackend):
+        def schedule_rules(self, hw):
+            return (Fallback(),)
 
     hw = get_hardware("host")
     target = tvm.target.Target(dict(hw.target))
@@ -135,7 +225,8 @@ def _worker(threads: int, reps: int, names: list[str]) -> list[dict]:
     for name in names:
         kind, params = CASES[name]
         mod, inputs, ref, flops = _case(kind, params, rng)
-        sched = ApplyTargetSchedule("llvm", hw)(_lower(mod))
+        backend = FallbackOnly() if params.get("rules") == "fallback" else "llvm"
+        sched = ApplyTargetSchedule(backend, hw)(_lower(mod))
         rules = sorted(
             {str(f.attrs[RULE_ATTR]) for _, f in sched.functions_items()
              if isinstance(f, tirx.PrimFunc)}
@@ -154,16 +245,17 @@ def _worker(threads: int, reps: int, names: list[str]) -> list[dict]:
             for _ in range(3):
                 ref()
             t_np.append((time.perf_counter() - start) / 3)
-        tvm_gf = flops / float(np.median(t_tvm)) / 1e9
-        np_gf = flops / float(np.median(t_np)) / 1e9
-        op_class = OpClass.CONV if kind == "conv" else OpClass.MATMUL
-        peak = hw.peak_flops[op_class] * threads / hw.num_cores
+        by_class, nbytes = _work(kind, params, inputs)
+        flops = flops or sum(by_class.values())
+        t_med, n_med = float(np.median(t_tvm)), float(np.median(t_np))
         rows.append(
             dict(
-                case=name, threads=threads, rules=rules, gflops_tvm=round(tvm_gf, 1),
-                gflops_numpy=round(np_gf, 1), ratio=round(tvm_gf / np_gf, 3),
-                efficiency=round(tvm_gf * 1e9 / peak, 3), ms_tvm=round(1e3 * np.median(t_tvm), 3),
-                ms_numpy=round(1e3 * np.median(t_np), 3), rel_err=err, reps=reps,
+                case=name, threads=threads, rules=rules,
+                gflops_tvm=round(flops / t_med / 1e9, 1),
+                gflops_numpy=round(flops / n_med / 1e9, 1), ratio=round(n_med / t_med, 3),
+                efficiency=round(_roofline_s(hw, by_class, nbytes, threads) / t_med, 3),
+                ms_tvm=round(1e3 * t_med, 3), ms_numpy=round(1e3 * n_med, 3),
+                ms_tvm_best=round(1e3 * min(t_tvm), 3), rel_err=err, reps=reps,
             )
         )
     return rows
@@ -196,9 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['case']:28} {r['threads']:>3} {r['gflops_tvm']:>9.1f} {r['gflops_numpy']:>10.1f}"
               f" {r['ratio']:>6.2f} {r['efficiency']:>5.2f} {','.join(r['rules']):>10}")
+    efficiency = {
+        f"{rule}@{r['threads']}t": r["efficiency"]
+        for r in rows
+        for case, rule in CALIBRATES.items()
+        if r["case"] == case
+    }
+    print("efficiency by rule (roofline time / measured, median):", efficiency)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                         time.gmtime())}, indent=1))
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    RESULTS.write_text(json.dumps({"rows": rows, "efficiency": efficiency, "when": when,
+                                   "load_avg": os.getloadavg()}, indent=1))
     print(f"wrote {RESULTS}")
     return 0
 

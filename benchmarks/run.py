@@ -531,6 +531,21 @@ def parse_args(argv=None):
     return args
 
 
+def write_results(rows: list[dict], info: dict, args, final: bool) -> None:
+    """Summary and JSON after every model (a long run keeps what it measured); plots at the end."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    md = markdown(rows, info, args)
+    (args.out / "summary.md").write_text(md)
+    doc = {"machine": info, "args": {k: str(v) if isinstance(v, Path) else v
+                                     for k, v in vars(args).items()}, "models": rows}
+    (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    if final:
+        print(md)
+        written = plots(rows, args.out)
+        progress(f"wrote {args.out}/summary.md, results.json" +
+                 (", " + ", ".join(written) if written else ""))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Before TVM / torch / ort start their thread pools.
@@ -557,17 +572,7 @@ def main(argv=None) -> int:
         ctx = Context(args.threads, args.target, zoo.default_dims(model) or None)
         rows.append(bench_model(label, model, feeds, args.contenders, ctx, args))
         del model
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    md = markdown(rows, info, args)
-    print(md)
-    (args.out / "summary.md").write_text(md)
-    doc = {"machine": info, "args": {k: str(v) if isinstance(v, Path) else v
-                                     for k, v in vars(args).items()}, "models": rows}
-    (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
-    written = plots(rows, args.out)
-    progress(f"wrote {args.out}/summary.md, results.json" +
-             (", " + ", ".join(written) if written else ""))
+        write_results(rows, info, args, final=i == len(models))
     bad = [f"{r['model']}/{n}: {c['status']}" for r in rows for n, c in r["contenders"].items()
            if c["status"] in ("failed", "mismatch")]
     if bad:
