@@ -758,6 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"{PROG}: error: {err}", file=sys.stderr)
+        _json_error(args, err, EXIT_USER)
         return EXIT_USER
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -773,7 +774,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: internal error: {type(err).__name__}: {msg[0] if msg else ''}\n"
               f"  (this is a bug; rerun with --debug for the traceback and please report it)",
               file=sys.stderr)
+        _json_error(args, err, EXIT_INTERNAL)
         return EXIT_INTERNAL
+
+
+def _json_error(args, err: BaseException, code: int) -> None:
+    """With --json, a failure is also a JSON object on stdout (scripts read one stream)."""
+    if getattr(args, "json", False):
+        _emit_json({"error": str(err), "type": type(err).__name__, "exit_code": code})
 
 
 if __name__ == "__main__":  # pragma: no cover

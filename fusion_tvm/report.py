@@ -268,6 +268,15 @@ def _layout_block(block: BlockPlan, bi: int, index: dict, y0: float):
         done.update(gi for gi in pending if gi not in rest)
         pending = rest
 
+    # sources (views of parameters, constants) sit just before their first consumer
+    gsuccs: list[set[int]] = [set() for _ in part]
+    for gi, ps in enumerate(gpreds):
+        for p in ps:
+            gsuccs[p].add(gi)
+    for gi in order:
+        if not gpreds[gi] and gsuccs[gi]:
+            layer[gi] = max(0, min(layer[s] for s in gsuccs[gi]) - 1)
+
     boxes: list[_Box] = []
     local: dict[int, tuple[int, int]] = {}  # node -> (row, column) inside its box
     for g in part:
@@ -519,7 +528,7 @@ svg .blk{font-weight:700;fill:#475069}
 footer{padding:0 22px 18px;color:#8a92a3;font-size:12px}
 """
 
-_JS = """
+_JS = r"""
 (function(){
   var data = JSON.parse(document.getElementById('plan-data').textContent);
   var panel = document.getElementById('details');
@@ -564,7 +573,8 @@ _JS = """
     e.addEventListener('keydown', function(ev){if(ev.key==='Enter') show(+k);});
   });
   document.body.setAttribute('data-ready', String(data.groups.length));
-  if(data.groups.length) show(0);
+  var m = /g=(\d+)/.exec(location.hash);  // report.html#g=3 opens kernel 3
+  if(data.groups.length) show(m && +m[1] < data.groups.length ? +m[1] : 0);
 })();
 """
 

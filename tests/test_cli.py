@@ -203,3 +203,15 @@ def test_user_errors_in_process(case, models, capsys, monkeypatch):
     except SystemExit as exc:  # argparse
         rc = exc.code
     _check_error(rc, capsys.readouterr().err, code, words)
+
+
+def test_plan_with_spec_file_and_json_errors(models, tmp_path, capsys):
+    assert main(["hw", "show", HW, "--json"]) == 0
+    spec = tmp_path / "my_cpu.json"
+    spec.write_text(capsys.readouterr().out)
+    assert main(["plan", str(models / "mlp.onnx"), "--hw", str(spec), "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["hardware"] == HW
+    # with --json a user error is also machine-readable on stdout
+    assert main(["plan", str(models / "mlp.onnx"), "--shape", "N=x", "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)
+    assert err["exit_code"] == 2 and "N=x" in err["error"]
