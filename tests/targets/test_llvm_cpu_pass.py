@@ -98,3 +98,12 @@ def test_already_scheduled_is_skipped():
     once = ApplyTargetSchedule(FakeBackend([Fallback()]), HW)(module())
     twice = ApplyTargetSchedule("llvm", HW)(once)
     assert {str(f.attrs[RULE_ATTR]) for f in prim_funcs(twice).values()} == {"fallback"}
+
+
+def test_rule_efficiency_covers_every_rule():
+    backend = get_backend("llvm")
+    names = {r.name for r in backend.schedule_rules(HW)}
+    table = backend.rule_efficiency
+    assert set(table) == names
+    assert all(0 < v <= 1.5 for v in table.values())  # HardwareSpec's accepted range
+    HW.with_efficiency(table)  # validates

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from ...cost_models.hardware import DeviceKind, HardwareSpec
 from ..base import Backend, ScheduleRule, register_backend
 from .conv2d import Conv2d
+from .efficiency import EFFICIENCY
 from .elementwise import Elementwise
 from .fallback import Fallback
 from .matmul import Matmul
@@ -22,6 +23,11 @@ class LLVMCPUBackend(Backend):
     @property
     def device_kind(self) -> DeviceKind:
         return DeviceKind.CPU
+
+    @property
+    def rule_efficiency(self) -> dict[str, float]:
+        """Measured fraction of the roofline each rule reaches (see ``efficiency.py``)."""
+        return dict(EFFICIENCY)
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""
