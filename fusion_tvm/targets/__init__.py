@@ -2,6 +2,7 @@
 
 from . import llvm_cpu  # noqa: F401  (registers "llvm")
 from . import hls  # noqa: F401
+from . import cuda  # noqa: F401
 from .base import Backend, ScheduleRule, get_backend, list_backends, register_backend
 
 __all__ = ["Backend", "ScheduleRule", "get_backend", "list_backends", "register_backend"]

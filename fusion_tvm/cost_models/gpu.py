@@ -1,0 +1,209 @@
+"""A GPU cost model: the roofline plus occupancy, wave quantisation and capacity.
+
+For one candidate group (one CUDA kernel) the roofline gives the compute and memory
+times at full-device rates. A GPU reaches those rates only with enough resident warps
+and enough thread blocks, so this model prices the kernel's *launch shape*:
+
+* **per-block footprint** — threads, registers per thread and shared memory per block
+  of the template that will run the group (tiled matmul, one block per row for
+  reduction chains, one thread per element for elementwise), plus the group's on-chip
+  intermediates (what the roofline keeps in cache: reduction rows, contraction outputs
+  re-read) divided among the blocks;
+* **feasibility** — a block whose shared memory exceeds ``shared_memory_per_block``, or
+  whose registers exceed ``max_registers_per_thread`` or the SM's register file, cannot
+  launch: the group is infeasible and the reason says which resource overflowed;
+* **occupancy** — resident blocks per SM = min over threads, registers and shared
+  memory; memory-bound kernels need about half the SM's warps to saturate HBM, so the
+  memory time is divided by ``min(1, occupancy / OCCUPANCY_FOR_PEAK_BW)`` (occupancy over
+  all SMs: a grid of fewer blocks than SMs leaves the others idle);
+* **wave quantisation** — ``waves = ceil(blocks / (resident * SMs))``; the last wave is
+  partly idle, and a kernel with fewer blocks than SMs leaves SMs idle outright, so the
+  compute time is divided by the fraction of the launched slots in use;
+* **launch overhead** — ``hw.launch_overhead_s`` (~4 us per CUDA launch), once per group.
+
+time = launch + max(compute / util, memory / occupancy factor) + intermediates
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..graph import FusionGraph
+from ..legality import GroupKind, classify
+from ..tir_analysis import shape_elems
+from .base import Cost, register_cost_model
+from .hardware import GpuLimits, HardwareSpec
+from .roofline import RooflineCostModel
+
+#: Occupancy (resident threads / max threads per SM) at which a streaming kernel reaches
+#: its peak bandwidth; below it, too few loads are in flight to hide HBM latency.
+OCCUPANCY_FOR_PEAK_BW = 0.5
+#: Most blocks one SM holds at once (sm_80 / sm_90: 32).
+MAX_BLOCKS_PER_SM = 32
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """How a template launches one group.
+
+    Attributes
+    ----------
+    blocks : int
+        Thread blocks of the grid.
+    threads : int
+        Threads per block.
+    registers : int
+        Registers per thread.
+    smem_bytes : int
+        Shared memory per block (template tiles plus the group's intermediates).
+    """
+
+    blocks: int
+    threads: int
+    registers: int
+    smem_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuTemplateConfig:
+    """Per-template launch parameters the model assumes (the schedule rules' defaults).
+
+    Attributes
+    ----------
+    elementwise_threads : int
+        Threads per block of elementwise kernels (one element per thread).
+    reduction_threads : int
+        Threads per block of row reductions (one block per row).
+    matmul_tile : tuple of int
+        (M, N, K) tile of one matmul block; A and B tiles live in shared memory.
+    matmul_threads : int
+        Threads per matmul block.
+    base_registers : dict
+        Registers per thread of the bare template, by group kind.
+    registers_per_op : int
+        Extra registers per fused op (its operands and results stay live).
+    """
+
+    elementwise_threads: int = 256
+    reduction_threads: int = 256
+    matmul_tile: tuple[int, int, int] = (64, 64, 16)
+    matmul_threads: int = 256
+    base_registers: tuple[tuple[str, int], ...] = (
+        (GroupKind.ELEMENTWISE.value, 16),
+        (GroupKind.REDUCTION.value, 24),
+        (GroupKind.CONTRACTION.value, 64),
+        (GroupKind.OPAQUE.value, 32),
+    )
+    registers_per_op: int = 4
+
+    def registers_for(self, kind: GroupKind) -> int:
+        """Registers per thread of the bare template for ``kind``."""
+        return dict(self.base_registers)[kind.value]
+
+
+def launch_shape(graph: FusionGraph, group: frozenset[int], onchip_bytes: float,
+                 cfg: GpuTemplateConfig) -> LaunchShape:
+    """The grid and per-block resources of the template that will run ``group``."""
+    dims = graph.dims
+    kind = classify(graph, group)
+    out_elems = max(
+        1.0, max(shape_elems(graph.tensors[graph.nodes[n].outputs[0]].shape, dims)
+                 for n in group)
+    )
+    registers = cfg.registers_for(kind) + cfg.registers_per_op * (len(group) - 1)
+    smem = 0.0
+    if kind is GroupKind.CONTRACTION:
+        tm, tn, tk = cfg.matmul_tile
+        anchor = next(graph.nodes[n] for n in sorted(group) if graph.nodes[n].is_contraction)
+        out = shape_elems(graph.tensors[anchor.outputs[0]].shape, dims)
+        blocks = math.ceil(max(1.0, out) / (tm * tn))
+        threads = cfg.matmul_threads
+        smem = (tm + tn) * tk * 4
+    elif kind is GroupKind.REDUCTION:
+        # One block per row of the (first) reduction: rows = its output elements.
+        red = next(graph.nodes[n] for n in sorted(group) if graph.nodes[n].is_reduction)
+        rows = shape_elems(graph.tensors[red.outputs[0]].shape, dims)
+        blocks = max(1, math.ceil(rows))
+        threads = cfg.reduction_threads
+    else:
+        threads = cfg.elementwise_threads
+        blocks = math.ceil(out_elems / threads)
+    smem += onchip_bytes / max(1, blocks)
+    return LaunchShape(int(max(1, blocks)), threads, registers, int(math.ceil(smem)))
+
+
+def resident_blocks(shape: LaunchShape, gpu: GpuLimits) -> tuple[int, str]:
+    """Blocks of ``shape`` one SM holds at once, and the resource that limits them."""
+    warp_regs = math.ceil(shape.registers * gpu.warp_size / 256) * 256  # allocation unit
+    warps = math.ceil(shape.threads / gpu.warp_size)
+    limits = {
+        "threads": gpu.max_threads_per_sm // max(1, warps * gpu.warp_size),
+        "registers": gpu.registers_per_sm // max(1, warp_regs * warps),
+        "shared memory": (gpu.shared_memory_per_sm // shape.smem_bytes
+                          if shape.smem_bytes else MAX_BLOCKS_PER_SM),
+        "blocks": MAX_BLOCKS_PER_SM,
+    }
+    name = min(limits, key=lambda k: limits[k])
+    return limits[name], name
+
+
+@register_cost_model("gpu")
+class GpuCostModel(RooflineCostModel):
+    """Roofline with GPU occupancy, wave quantisation, launch overhead and capacity.
+
+    Parameters
+    ----------
+    hw : HardwareSpec
+        A GPU spec (``hw.gpu`` holds the per-SM limits).
+    backend : Backend, optional
+        The CUDA backend (names the schedule rule of a group).
+    config : GpuTemplateConfig, optional
+        Launch parameters of the templates.
+    """
+
+    def __init__(self, hw: HardwareSpec, backend=None, config: GpuTemplateConfig | None = None):
+        if hw.gpu is None:
+            raise ValueError(f"the gpu cost model needs a GPU spec; '{hw.name}' has no GpuLimits")
+        super().__init__(hw, backend)
+        self.config = config or GpuTemplateConfig()
+
+    def _estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
+        base = super()._estimate(graph, group)
+        if not base.detail:  # barrier / view: no kernel
+            return base
+        gpu = self.hw.gpu
+        shape = launch_shape(graph, group, base.onchip_bytes, self.config)
+        detail = dict(base.detail)
+        detail["launch_shape"] = shape
+        if shape.smem_bytes > gpu.shared_memory_per_block:
+            return replace(base, time_s=math.inf, feasible=False, detail=detail, reason=(
+                f"shared memory per block {shape.smem_bytes / 1024:.1f} KiB exceeds "
+                f"{gpu.shared_memory_per_block / 1024:.0f} KiB on {self.hw.name} "
+                f"({base.onchip_bytes / 1024:.0f} KiB of intermediates over {shape.blocks} "
+                "blocks)"))
+        if shape.registers > gpu.max_registers_per_thread:
+            return replace(base, time_s=math.inf, feasible=False, detail=detail, reason=(
+                f"{shape.registers} registers per thread exceed "
+                f"{gpu.max_registers_per_thread} on {self.hw.name} ({len(group)} fused ops)"))
+        resident, limiter = resident_blocks(shape, gpu)
+        if resident < 1:
+            return replace(base, time_s=math.inf, feasible=False, detail=detail, reason=(
+                f"one block of {shape.threads} threads x {shape.registers} registers does "
+                f"not fit an SM of {gpu.registers_per_sm} registers on {self.hw.name}"))
+        slots = resident * gpu.sm_count
+        waves = math.ceil(shape.blocks / slots)
+        util = shape.blocks / (waves * slots)
+        occupancy = min(shape.blocks, slots) / gpu.sm_count * shape.threads \
+            / gpu.max_threads_per_sm
+        bw_factor = min(1.0, occupancy / OCCUPANCY_FOR_PEAK_BW)
+        compute_s = base.detail["compute_s"] / util
+        memory_s = base.detail["memory_s"] / bw_factor
+        body = max(compute_s, memory_s)
+        time_s = self.hw.launch_overhead_s + body + base.detail["internal_s"]
+        bound = "compute" if compute_s >= memory_s else "memory"
+        detail.update(compute_s=compute_s, memory_s=memory_s, waves=waves, utilization=util,
+                      occupancy=occupancy, resident_blocks=resident, occupancy_limit=limiter)
+        return replace(base, time_s=time_s, detail=detail, reason=(
+            f"{bound}-bound ({detail['rule']}), {shape.blocks} blocks x {shape.threads} "
+            f"threads, {waves} wave(s), occupancy {occupancy:.2f} ({limiter})"))

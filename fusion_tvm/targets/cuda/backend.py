@@ -1,0 +1,124 @@
+"""The CUDA backend: NVIDIA GPUs through TVM's CUDA code generator and nvcc / NVRTC."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tvm
+
+from ...cost_models import gpu as _gpu_cost_model  # noqa: F401  (registers "gpu")
+from ...cost_models.hardware import DeviceKind, HardwareSpec
+from ..base import Backend, ScheduleRule, register_backend
+from . import dlight_rules as dr
+from .contraction import SimtContraction
+from .efficiency import EFFICIENCY
+from .fallback import BindThreads
+from .reduction import RowReduction
+
+#: Static shared memory a kernel may declare without the dynamic opt-in (CUDA's 48 KiB).
+STATIC_SMEM_BYTES = 48 * 1024
+
+
+def cuda_target(hw: HardwareSpec) -> tvm.target.Target:
+    """The TVM CUDA target for ``hw``: the tag's attributes, the spec's arch and limits.
+
+    The preset's ``tag`` (``nvidia/nvidia-h100``) supplies what TVM knows of the card; the
+    spec's ``arch`` wins (the h100 tag says ``sm_90a``, we emit portable ``sm_90``) and the
+    thread limits come from :class:`~fusion_tvm.cost_models.hardware.GpuLimits`. The host
+    is LLVM, as in TVM's own CUDA builds.
+    """
+    spec = dict(hw.target)
+    tag = spec.pop("tag", None)
+    config: dict = {}
+    if tag and tag in tvm.target.list_tags():
+        config = {k: v for k, v in dict(tvm.target.Target(tag).export()).items()
+                  if k not in ("tag", "keys", "host", "kind", "id")}
+    config.update(spec)
+    config["kind"] = "cuda"
+    limits = hw.gpu
+    if limits is not None:
+        config.setdefault("arch", limits.arch)
+        config["max_num_threads"] = limits.max_threads_per_block
+        config["max_threads_per_block"] = limits.max_threads_per_block
+        config["thread_warp_size"] = limits.warp_size
+        config["max_shared_memory_per_block"] = min(
+            STATIC_SMEM_BYTES, limits.shared_memory_per_block
+        )
+    config.pop("registers_per_block", None)
+    config["host"] = {"kind": "llvm"}
+    return tvm.target.Target(config)
+
+
+@register_backend("cuda")
+class CUDABackend(Backend):
+    """NVIDIA GPUs: dlight's GPU templates plus rules for our fused groups."""
+
+    default_hardware = "h100"
+    default_cost_model = "gpu"
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        return DeviceKind.GPU
+
+    def target(self, hw: HardwareSpec) -> tvm.target.Target:
+        return cuda_target(hw)
+
+    def device(self) -> tvm.runtime.Device:
+        return tvm.cuda(0)
+
+    @property
+    def rule_efficiency(self) -> dict[str, float]:
+        """Fraction of the roofline each rule reaches (see ``efficiency.py``)."""
+        return dict(EFFICIENCY)
+
+    @property
+    def template_limits(self):
+        """One contraction per kernel (dlight's matmul takes prologue / epilogue only);
+        reductions never join a contraction; groups stay small enough for registers."""
+        from ...legality import TemplateLimits
+
+        return TemplateLimits(max_contractions=1, contraction_with_reduction=False,
+                              max_nodes=32)
+
+    def rule_for_group(self, graph, group) -> str | None:
+        """The rule the list below will pick for the fused PrimFunc of ``group``."""
+        return gpu_rule_for_group(graph, group)
+
+    def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
+        """Most specific first; :class:`BindThreads` matches anything."""
+        return (
+            dr.dlight_matmul(),
+            dr.dlight_gemv(),
+            dr.dlight_reduction(),
+            dr.dlight_general_reduction(),
+            SimtContraction(),
+            RowReduction(),
+            dr.dlight_transpose(),
+            dr.elementwise(),
+            dr.dlight_fallback(),
+            BindThreads(),
+        )
+
+
+def gpu_rule_for_group(graph, group) -> str:
+    """Rule name for ``group``: what dlight's matchers take, from the graph alone.
+
+    A contraction whose output is one row (batch-1 fully connected) is a matrix-vector
+    product, which dlight's Matmul declines and its Reduction rule schedules.
+    """
+    from ...legality import GroupKind, classify
+    from ...tir_analysis import shape_elems
+
+    kind = classify(graph, group)
+    nodes = [graph.nodes[i] for i in sorted(group)]
+    if kind is GroupKind.CONTRACTION:
+        anchor = next(n for n in nodes if n.is_contraction)
+        shape = graph.tensors[anchor.outputs[0]].shape
+        rows = shape_elems(shape[:-1], graph.dims) if len(shape) > 1 else 1
+        return "reduction" if rows <= 1 else "matmul"
+    if kind is GroupKind.REDUCTION:
+        return "reduction" if sum(n.is_reduction for n in nodes) == 1 and len(nodes) <= 2 \
+            else "row_reduction"
+    if kind is GroupKind.ELEMENTWISE:
+        return "elementwise"
+    return "fallback"

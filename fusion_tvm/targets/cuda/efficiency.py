@@ -1,0 +1,23 @@
+"""Assumed efficiency of each CUDA schedule rule (fraction of the HardwareSpec roofline).
+
+Not yet measured on a GPU (``benchmarks/gpu_check.sh`` prints the figures to calibrate
+them). The roofline's contraction peak is the *tensor-core* FP16 rate of the preset
+(989 TFLOP/s on an H100); dlight's matmul template runs FP32 on the SIMT cores, which
+peak at 67 TFLOP/s, and reaches about half of that: 0.5 * 67 / 989 ~ 0.035. The other
+rules are memory-bound on every zoo model; their figures are the fraction of HBM
+bandwidth well-formed CUDA kernels of that shape usually reach.
+"""
+
+from __future__ import annotations
+
+#: Rule name -> fraction of the roofline reached.
+EFFICIENCY: dict[str, float] = {
+    "matmul": 0.035,
+    "contraction": 0.008,
+    "gemv": 0.7,
+    "reduction": 0.6,
+    "row_reduction": 0.6,
+    "transpose": 0.6,
+    "elementwise": 0.8,
+    "fallback": 0.02,
+}
