@@ -5,10 +5,11 @@ For one candidate group (one kernel):
 * **memory**: the group's external inputs and published outputs move once, each at
   the bandwidth of the memory level that holds a tensor of that size; intermediates
   stay on chip (cache-level traffic), or spill when they do not fit;
-* **compute**: FLOPs by op class at the device peak times the efficiency of the
-  schedule rule that will handle the group, *including recomputation*: an inlined
-  producer runs once per read of its output by the consumer (its reuse factor);
-* **time** = launch overhead + max(compute, memory) + intermediate traffic.
+* **compute**: FLOPs by op class at the device peak, *including recomputation*: an
+  inlined producer runs once per read of its output by the consumer (its reuse factor);
+* **time** = launch overhead + max(compute, memory) / efficiency + intermediate traffic,
+  where the efficiency is the calibrated fraction of the roofline that the schedule rule
+  handling the group reaches (``backend.rule_efficiency`` or ``hw.efficiency``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from ..legality import GroupKind, classify
 from .base import Cost, CostModel, register_cost_model
 from .hardware import OpClass
 
-#: Efficiency (fraction of peak) assumed per rule when neither the hardware spec nor
-#: the backend provides a calibrated figure.
+#: Fraction of the roofline assumed per rule when neither the hardware spec nor the
+#: backend provides a calibrated figure.
 DEFAULT_RULE_EFFICIENCY = {
     "matmul": 0.6,
     "conv2d": 0.5,
@@ -72,17 +73,6 @@ class RooflineCostModel(CostModel):
             if table and rule in table:
                 return table[rule]
         return DEFAULT_RULE_EFFICIENCY.get(rule, self.hw.default_efficiency)
-
-    def class_efficiency(self, rule: str, cls: OpClass) -> float:
-        """Efficiency for work of class ``cls`` inside a kernel scheduled by ``rule``.
-
-        The rule decides how fast contractions run; elementwise and transcendental work
-        (epilogues, normalisations) runs at vector speed whatever the anchor, unless the
-        whole kernel falls back to the unoptimised template.
-        """
-        if rule == "fallback" or cls in (OpClass.MATMUL, OpClass.CONV):
-            return self.efficiency(rule)
-        return self.efficiency("elementwise")
 
     # ----------------------------------------------------------------- estimate
     def estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
@@ -143,10 +133,8 @@ class RooflineCostModel(CostModel):
             for cls, f in graph.nodes[n].flops(dims).items():
                 flops[cls] = flops.get(cls, 0.0) + f * mult[n]
         rule = rule_for_group(graph, group, self.backend)
-        compute_s = sum(
-            f / (hw.peak_flops[cls] * self.class_efficiency(rule, cls))
-            for cls, f in flops.items()
-        )
+        eff = self.efficiency(rule)
+        compute_s = sum(f / hw.peak_flops[cls] for cls, f in flops.items())
 
         # External inputs move once, but only the part a member reads (gathers, slices).
         touched: dict[int, float] = {}
@@ -166,7 +154,8 @@ class RooflineCostModel(CostModel):
         inner_bw = hw.memory[0].bandwidth_bytes_per_s if len(hw.memory) > 1 else \
             hw.dram.bandwidth_bytes_per_s
         internal_s = 2.0 * internal_bytes / inner_bw
-        time_s = hw.launch_overhead_s + max(compute_s, memory_s) + internal_s
+        # The rule's efficiency is the fraction of the roofline it reaches (calibrated).
+        time_s = hw.launch_overhead_s + max(compute_s, memory_s) / eff + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
         dram_bw = hw.dram.bandwidth_bytes_per_s
         dram = sum(b for t, b in in_sizes.items() if self.bandwidth_for(graph.nbytes(t)) == dram_bw)
