@@ -11,6 +11,7 @@ import pytest
 
 from fusion_tvm.cli import Progress, search_plan
 from fusion_tvm.frontend import load_model
+from fusion_tvm.plan import FusionPlan
 from fusion_tvm.report import (
     _layout_block,
     boundaries,
@@ -125,3 +126,40 @@ def test_html_renders_in_chromium(plan, tmp_path):
                     f"--screenshot={shot}", page.as_uri())
     assert res.returncode == 0, res.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------- synthetic multi-block plans
+def _synthetic_plan(seeds=(1, 2), nodes=14) -> FusionPlan:
+    from fusion_tvm.plan import BlockPlan, group_plan, is_kernel
+    from fusion_tvm.search import SearchConfig, search_partition
+    from fusion_tvm.testing.synthetic import TableCostModel, random_dag
+
+    model = TableCostModel(seed=3)
+    plan = FusionPlan(target="llvm", hardware="ci-x86-avx2", cost_model="table",
+                      cost_model_obj=model)
+    for bi, seed in enumerate(seeds):
+        graph = random_dag(nodes, seed)
+        groups = search_partition(graph, model, SearchConfig())
+        plan.blocks.append(BlockPlan(f"f{bi}", 0, groups, None, graph))
+        for g in groups:
+            if is_kernel(graph, g):
+                name = "+".join(graph.nodes[i].func_name for i in sorted(g))
+                plan.groups.append(group_plan(graph, g, model, f"f{bi}", name))
+    plan.num_kernels = len(plan.groups)
+    return plan
+
+
+def test_synthetic_two_blocks():
+    plan = _synthetic_plan()
+    labels = op_labels(plan)
+    assert len(set(labels.values())) == len(labels)
+    assert labels[(1, 0)] == "n0#1.0"  # the same binding name in both blocks
+    page = render_html(plan, title="synthetic")
+    drawn = re.findall(r'data-group="(\d+)"', page)
+    assert sorted(map(int, drawn)) == list(range(len(plan.groups)))
+    assert "f1 block 0" in page
+    text = render_text(plan)
+    assert "kernel boundaries" in text
+    exp, notes = explain_ops(plan, "n0", "n3#1.3")
+    assert notes and "n0#0.0" in notes[0]
+    assert exp.reason
