@@ -61,6 +61,7 @@ class Skipped(Exception):  # noqa: N818 - a reason, not an error
 class Context:
     threads: int
     target: str
+    hw: str | None = None  # fusion_tvm hardware preset (None: the backend's default, "host")
     shape_hints: dict | None = None  # sizes of symbolic dims, for dynamic models
 
 
@@ -88,7 +89,7 @@ def _fusion_tvm(fusion: str):
         if not hasattr(fusion_tvm, "compile"):
             raise Skipped("fusion_tvm.compile is not available in this checkout")
         t0 = time.perf_counter()
-        cm = fusion_tvm.compile(model, target=ctx.target, fusion=fusion,
+        cm = fusion_tvm.compile(model, target=ctx.target, hw=ctx.hw, fusion=fusion,
                                 shape_hints=ctx.shape_hints)
         dt = time.perf_counter() - t0
         return Prepared(lambda feeds: list(cm.run(feeds)), dt, cm.num_kernels,
@@ -510,6 +511,7 @@ def parse_args(argv=None):
     ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
                     help="default: all (--quick: all but torch_compile, ~20 s compile a model)")
     ap.add_argument("--target", default="llvm")
+    ap.add_argument("--hw", default=None, help="fusion_tvm hardware preset for ours/fuseops")
     ap.add_argument("--rtol", type=float, default=1e-3,
                     help="allowed max |err| / max |reference| per contender")
     ap.add_argument("--time-stock-anyway", action="store_true",
@@ -569,7 +571,7 @@ def main(argv=None) -> int:
         progress(f"[{i}/{len(models)}] {label}: building ONNX")
         model = zoo.get_model(name, **kw)
         feeds = zoo.example_inputs(model, seed=0)
-        ctx = Context(args.threads, args.target, zoo.default_dims(model) or None)
+        ctx = Context(args.threads, args.target, args.hw, zoo.default_dims(model) or None)
         rows.append(bench_model(label, model, feeds, args.contenders, ctx, args))
         del model
         write_results(rows, info, args, final=i == len(models))
