@@ -1,0 +1,94 @@
+"""Groups TVM's FuseOps never forms (our fusion pass does): one Primitive function each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_llvm_cpu_rules import HW, rand, rules_of, run
+from tvm import relax, tirx, topi
+from tvm.script import relax as R
+
+from fusion_tvm.passes.apply_target_schedule import ApplyTargetSchedule
+
+
+def fused(params, body):
+    """``main(params)`` calls one Primitive function built from ``emit_te`` calls; FuseTIR."""
+    bb = relax.BlockBuilder()
+    inner = [relax.Var(p.name, p.ty) for p in params]
+    with bb.function("group", inner, attrs={"Primitive": True}, private=True):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *inner))
+        bb.emit_func_output(out)
+    gv = bb.get().get_global_var("group")
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Call(gv, params))
+        bb.emit_func_output(out)
+    return relax.transform.FuseTIR()(bb.get())
+
+
+def var(name, shape, dtype="float32"):
+    return relax.Var(name, R.Tensor(shape, dtype))
+
+
+def matmul_prologue_epilogue(bb, x, w, b):  # transpose + cast prologue, bias + GELU epilogue
+    wt = bb.emit_te(topi.cast, bb.emit_te(topi.transpose, w), "float32")
+    y = bb.emit_te(topi.add, bb.emit_te(topi.matmul, x, wt), b)
+    return bb.emit_te(lambda a: a * 0.5 * (1 + topi.erf(a * 0.7071067811865476)), y)
+
+
+def softmax_sandwich(bb, x):  # elementwise before and after a softmax
+    y = bb.emit_te(topi.nn.softmax, bb.emit_te(lambda a: a * 0.125, x))
+    return bb.emit_te(lambda a: a * 2.0 + 1.0, y)
+
+
+def residual_layernorm(bb, x, r):  # two chained reductions with a broadcast consumer between
+    s = bb.emit_te(topi.add, x, r)
+    width = float(x.ty.shape[-1].value)
+    mean = bb.emit_te(lambda a: topi.sum(a, axis=1, keepdims=True) / width, s)
+    d = bb.emit_te(topi.subtract, s, mean)
+    var_ = bb.emit_te(lambda a: topi.sum(a * a, axis=1, keepdims=True) / width, d)
+    return bb.emit_te(topi.nn.relu, bb.emit_te(lambda a, v: a / topi.sqrt(v + 1e-5), d, var_))
+
+
+def conv_bn_residual(bb, x, w, m, s, r):  # conv + BN (sub/div/mul/add) + residual + ReLU
+    y = bb.emit_te(topi.nn.conv2d_nchw, x, w, 1, 1, 1)
+    y = bb.emit_te(lambda a, mu, sd: (a - mu) / sd * 0.5 + 0.1, y, m, s)
+    return bb.emit_te(topi.nn.relu, bb.emit_te(topi.add, y, r))
+
+
+N = tirx.Var("n", "int64")
+CASES = {
+    "transpose_cast_matmul_gelu": (
+        matmul_prologue_epilogue,
+        [var("x", (33, 24)), var("w", (40, 24), "float16"), var("b", (40,))],
+        [rand(33, 24), rand(40, 24).astype("float16"), rand(40)],
+        "matmul",
+    ),
+    "scale_softmax_affine": (softmax_sandwich, [var("x", (12, 64))], [rand(12, 64)], "reduction"),
+    "residual_layernorm_relu": (
+        residual_layernorm, [var("x", (10, 48)), var("r", (10, 48))],
+        [rand(10, 48), rand(10, 48)], "reduction",
+    ),
+    "residual_layernorm_relu_symbolic": (
+        residual_layernorm, [var("x", (N, 48)), var("r", (N, 48))],
+        [rand(7, 48), rand(7, 48)], "reduction",
+    ),
+    "conv_bn_residual_relu": (
+        conv_bn_residual,
+        [var("x", (1, 8, 12, 16)), var("w", (12, 8, 3, 3)), var("m", (1, 12, 1, 1)),
+         var("s", (1, 12, 1, 1)), var("r", (1, 12, 12, 16))],
+        [rand(1, 8, 12, 16), rand(12, 8, 3, 3), rand(1, 12, 1, 1),
+         np.abs(rand(1, 12, 1, 1)) + 0.5, rand(1, 12, 12, 16)],
+        "conv2d",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_group(name):
+    body, params, inputs, rule = CASES[name]
+    mod = fused(params, body)
+    scheduled = ApplyTargetSchedule("llvm", HW)(mod)
+    assert rules_of(scheduled) == {"group": rule}
+    np.testing.assert_allclose(run(scheduled, inputs), run(mod, inputs), rtol=1e-4, atol=1e-4)
