@@ -98,6 +98,23 @@ def _fusion_tvm(fusion: str):
     return prepare
 
 
+def stock_target(ctx: Context):
+    """The LLVM target the fusion_tvm contenders get (host ``-mcpu``), so stock TVM is not
+    handicapped by plain ``llvm`` (generic x86-64, no AVX)."""
+    import tvm
+
+    if ctx.target != "llvm":
+        return tvm.target.Target(ctx.target)
+    try:
+        from fusion_tvm import get_hardware
+
+        return tvm.target.Target(dict(get_hardware(ctx.hw or "host").target))
+    except Exception:  # fusion_tvm's presets missing or broken: the host CPU by LLVM's name
+        from tvm.target import codegen
+
+        return tvm.target.Target({"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu())})
+
+
 def stock_tvm(model, feeds, ctx: Context) -> Prepared:
     """Plain TVM: ``from_onnx`` -> ``zero`` pipeline (FuseOps) -> ``tvm.compile``, untuned."""
     import tvm
@@ -105,8 +122,10 @@ def stock_tvm(model, feeds, ctx: Context) -> Prepared:
     from tvm.relax.frontend.onnx import from_onnx
 
     t0 = time.perf_counter()
-    mod = relax.get_pipeline("zero")(from_onnx(model))
-    vm = relax.VirtualMachine(tvm.compile(mod, ctx.target), tvm.cpu())
+    target = stock_target(ctx)
+    with target:
+        mod = relax.get_pipeline("zero")(from_onnx(model))
+    vm = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())
     dt = time.perf_counter() - t0
     names = _input_names(model)
     fn = vm["main"]
