@@ -178,3 +178,18 @@ def test_run_py_smoke(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| mlp:small=True |" in text and "1 thread(s)" in text
     assert (tmp_path / "results.json").exists()
+
+
+def test_run_py_flags_mismatch(tmp_path, monkeypatch):
+    from benchmarks import run
+
+    def wrong(model, feeds, ctx):  # a contender whose outputs are off by 1
+        sess = run.onnxruntime(model, feeds, ctx)
+        return run.Prepared(lambda f: [o + 1.0 for o in sess.run(f)], 0.0, kernels=1)
+
+    monkeypatch.setitem(run.PREPARE, "stock_tvm", wrong)
+    rc = run.main(["--models", "mlp:small=True", "--contenders", "stock_tvm", "onnxruntime",
+                   "--repeat", "2", "--min-repeat", "1", "--threads", "1", "--out",
+                   str(tmp_path)])
+    assert rc == 1
+    assert "| mlp:small=True | stock_tvm | mismatch |" in (tmp_path / "summary.md").read_text()
