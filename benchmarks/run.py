@@ -303,15 +303,15 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
             t0 = time.perf_counter()
             outputs[name] = p.run(feeds)
             first = time.perf_counter() - t0
+            if name == "stock_tvm" and first > STOCK_LIMIT_S and not args.time_stock_anyway:
+                results[name].note = f"not timed: one run took {first:.1f} s (> {STOCK_LIMIT_S} s)"
+                del prepared[name]
+                continue
             for _ in range(args.warmup - 1):
                 p.run(feeds)
         except Exception as e:
             results[name].status = "failed"
             results[name].note = "run: " + short(e, 300)
-            del prepared[name]
-            continue
-        if name == "stock_tvm" and first > STOCK_LIMIT_S and not args.time_stock_anyway:
-            results[name].note = f"not timed: one run took {first:.1f} s (> {STOCK_LIMIT_S} s)"
             del prepared[name]
 
     ref_name = REFERENCE if REFERENCE in outputs else next(iter(outputs), None)
