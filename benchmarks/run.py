@@ -535,7 +535,8 @@ def parse_args(argv=None):
                     help="allowed max |err| / max |reference| per contender")
     ap.add_argument("--time-stock-anyway", action="store_true",
                     help=f"time stock TVM even when one run takes > {STOCK_LIMIT_S} s")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
+                    help="output folder (default benchmarks/results, git-ignored)")
     args = ap.parse_args(argv)
     if args.threads is None:  # --quick: 1 thread, steadier on a shared CI machine
         args.threads = 1 if args.quick else len(os.sched_getaffinity(0)) \
