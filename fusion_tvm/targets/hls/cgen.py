@@ -82,6 +82,18 @@ class DataType:
         modes = m.group(3) or ", AP_RND, AP_SAT"
         return cls(f"ap_fixed<{w}, {i}{modes.replace(' ', '').replace(',', ', ')}>", w, i)
 
+    @property
+    def accum_ctype(self) -> str:
+        """Accumulators: 16 more fractional and 10 more integer bits, at most 32 bits."""
+        if not self.is_fixed:
+            return self.ctype
+        frac = self.width - self.int_bits
+        ib = self.int_bits + 10
+        w = min(32, ib + frac + 6)
+        tail = self.ctype[self.ctype.index(",", self.ctype.index(",") + 1):] \
+            if self.ctype.count(",") >= 2 else ">"
+        return f"ap_fixed<{w}, {ib}{tail}"
+
     def literal(self, value: float) -> str:
         """A C++ literal of this type (clamped into a fixed-point range)."""
         if self.is_fixed:
@@ -254,6 +266,26 @@ class KernelPrinter:
         return cname + "".join(f"[{i}]" for i in idx)
 
     # ------------------------------------------------------------ expressions
+    def ftype(self, e) -> str:
+        """C type of a float expression: ``accum_t`` when it reads an accumulator."""
+        if not self.dt.is_fixed or not dtype_of(e).startswith("float"):
+            return "data_t"
+        kind = type(e).__name__
+        if kind in ("TensorLoad", "BufferLoad"):
+            _, cname, _ = self._lookup(e.source if hasattr(e, "source") else e.buffer)
+            return "accum_t" if cname in self.accum else "data_t"
+        if isinstance(e, tirx.Cast):
+            return "data_t"
+        subs = [c for c in children(e) if dtype_of(c).startswith("float")]
+        return "accum_t" if any(self.ftype(c) == "accum_t" for c in subs) else "data_t"
+
+    def _as(self, e, ctype: str) -> str:
+        """``e`` printed, converted to ``ctype`` when its own type differs."""
+        code = self.expr(e)
+        if self.dt.is_fixed and dtype_of(e).startswith("float") and self.ftype(e) != ctype:
+            return f"{ctype}({code})"
+        return code
+
     def expr(self, e) -> str:  # noqa: C901 - one branch per node kind
         kind = type(e).__name__
         if isinstance(e, tirx.IntImm):
@@ -268,10 +300,17 @@ class KernelPrinter:
         if kind in ("TensorLoad", "BufferLoad"):
             return self._index(e.source if hasattr(e, "source") else e.buffer, e.indices)
         if type(e) in _BINOP:
+            ft = self.ftype(e.a) if dtype_of(e.a).startswith("float") else None
+            if ft is not None and self.ftype(e.b) != ft:
+                ft = "accum_t"
+            if ft is not None:
+                return f"({self._as(e.a, ft)} {_BINOP[type(e)]} {self._as(e.b, ft)})"
             return f"({self.expr(e.a)} {_BINOP[type(e)]} {self.expr(e.b)})"
         is_f = dtype_of(e).startswith("float")
-        t = self.ctype(dtype_of(e))
+        t = self.ftype(e) if is_f else self.ctype(dtype_of(e))
         if isinstance(e, tirx.Div):
+            if is_f:
+                return f"({self._as(e.a, t)} / {self._as(e.b, t)})"
             return f"({self.expr(e.a)} / {self.expr(e.b)})"
         if isinstance(e, tirx.Mod):
             return f"({self.expr(e.a)} % {self.expr(e.b)})"
@@ -286,6 +325,8 @@ class KernelPrinter:
             return f"ft::floormod<{t}>({a}, {b})"
         if isinstance(e, (tirx.Min, tirx.Max)):
             fn = "min" if isinstance(e, tirx.Min) else "max"
+            if is_f:
+                return f"ft::{fn}<{t}>({self._as(e.a, t)}, {self._as(e.b, t)})"
             return f"ft::{fn}<{t}>({self.expr(e.a)}, {self.expr(e.b)})"
         if isinstance(e, tirx.Not):
             return f"(!{self.expr(e.a)})"
@@ -293,7 +334,7 @@ class KernelPrinter:
             return (f"({self.expr(e.condition)} ? {t}({self.expr(e.true_value)}) : "
                     f"{t}({self.expr(e.false_value)}))")
         if isinstance(e, tirx.Cast):
-            return f"static_cast<{t}>({self.expr(e.value)})"
+            return f"static_cast<{self.ctype(dtype_of(e))}>({self.expr(e.value)})"
         if kind == "Call":
             name = "tirx." + getattr(e.op, "name", "").split(".")[-1]
             args = [self.expr(a) for a in e.args]
@@ -302,7 +343,7 @@ class KernelPrinter:
             if name in _UNARY:
                 return f"ft::{_UNARY[name]}({args[0]})"
             if name == "tirx.pow":
-                return f"ft::pow({args[0]}, {args[1]})"
+                return f"ft::pow({self._as(e.args[0], t)}, {self._as(e.args[1], t)})"
             if name == "tirx.isnan":
                 return f"({args[0]} != {args[0]})"
             raise UnsupportedOperatorError(name, self.cname, "no HLS C++ translation")
@@ -426,11 +467,14 @@ class KernelPrinter:
 
     def _store(self, st: tirx.BufferStore, depth: int) -> None:
         mode, cname, _ = self._lookup(st.buffer)
-        value = self.expr(st.value)
+        if dtype_of(st.value).startswith("float"):
+            value = self._as(st.value, "accum_t" if cname in self.accum else "data_t")
+        else:
+            value = self.expr(st.value)
         if mode == "direct_out":
             streams = self._direct_out[cname]
             if len(streams) == 1:
-                self.emit(f"{streams[0]}.write({value});", depth)
+                self.emit(f"{streams[0]}.write(data_t({value}));", depth)
             else:
                 self.emit(f"const data_t {cname}_o = {value};", depth)
                 for s in streams:
@@ -447,6 +491,9 @@ class KernelPrinter:
         epilogue: list[str] = []
         self._direct_out: dict[str, list[str]] = {}
         acc = _accesses(func)
+        # Buffers written by reductions accumulate in the wider accum_t (fixed point).
+        reduced = {lb.block.body.buffer.name for lb in leaf_blocks(func) if lb.has_reduce}
+        self.accum: set[str] = set()
         for k, p in enumerate(func.params):
             port = self.ports[k]
             shape = [int_value(d) for d in p.shape]
@@ -479,9 +526,14 @@ class KernelPrinter:
                 else:
                     local = f"{port.cname}_buf"
                     self.buf.append((p, "local", local, shape))
-                    prologue.insert(0, f"static data_t {local}{dims};")
+                    atype = "data_t"
+                    if self.dt.is_fixed and p.name in reduced:
+                        self.accum.add(local)
+                        atype = "accum_t"
+                    prologue.insert(0, f"static {atype} {local}{dims};")
                     for s in port.streams:
-                        epilogue.extend(_copy_loops(local, shape, f"{s}.write({local}{{}});",
+                        epilogue.extend(_copy_loops(local, shape,
+                                                    f"{s}.write(data_t({local}{{}}));",
                                                     f"wr_{s}"))
         decls = []
         for b in alloc_buffers(func):
@@ -491,7 +543,11 @@ class KernelPrinter:
             shape = [int_value(d) for d in b.shape]
             self.buf.append((b, "local", cname, shape))
             dims = "".join(f"[{d}]" for d in shape) or "[1]"
-            decls.append(f"static {self.ctype(str(b.dtype))} {cname}{dims};")
+            ctype = self.ctype(str(b.dtype))
+            if self.dt.is_fixed and b.name in reduced and ctype == "data_t":
+                self.accum.add(cname)
+                ctype = "accum_t"
+            decls.append(f"static {ctype} {cname}{dims};")
         self.stmt(func.body, 1)
         body = self.lines
         proto = f"void {self.cname}({', '.join(params)})"

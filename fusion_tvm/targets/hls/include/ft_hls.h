@@ -77,6 +77,20 @@ struct ap_fixed {
   ap_fixed(long long v) : ap_fixed(static_cast<double>(v)) {}
   ap_fixed(bool v) : ap_fixed(static_cast<double>(v)) {}
 
+  // Between fixed-point types: re-align the binary point, then quantise / overflow here.
+  template <int W2, int I2, ap_q_mode Q2, ap_o_mode O2>
+  ap_fixed(const ap_fixed<W2, I2, Q2, O2>& o) {  // NOLINT: implicit like ap_fixed
+    constexpr int F2 = W2 - I2;
+    int64_t r = o.raw;
+    if (F2 > F) {
+      const int sh = F2 - F;
+      r = (Q == AP_RND) ? ((r + (int64_t(1) << (sh - 1))) >> sh) : (r >> sh);
+    } else if (F2 < F) {
+      r = r * (int64_t(1) << (F - F2));
+    }
+    raw = fit(r);
+  }
+
   static ap_fixed from_raw(int64_t r) {
     ap_fixed x;
     x.raw = fit(r);
