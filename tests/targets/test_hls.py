@@ -284,6 +284,40 @@ def test_reshape_views_and_unfused_build():
     assert view.num_kernels < len(extract_program(cm.fused_mod).kernels) + 1
 
 
+def _split_model():
+    """MatMul -> Split -> Tanh * other half; the MatMul output is also a model output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("Split", ["h"], ["a", "b"], axis=1, num_outputs=2),
+             helper.make_node("Tanh", ["a"], ["ta"]),
+             helper.make_node("Mul", ["ta", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [4, 8])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("fusion", ["cost", "none"])
+def test_tuple_outputs_and_fan_out(fusion, tmp_path):
+    model = _split_model()
+    feeds = _input(model)
+    ref = ex.reference(model, feeds)
+    cm = fusion_tvm.compile(model, target="hls", hw="zcu104", fusion=fusion)
+    out = cm.run(feeds)
+    assert [o.shape for o in out] == [(4, 4), (4, 8)]
+    for o, r in zip(out, ref, strict=True):
+        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-5)
+    cm.export(tmp_path, feeds=feeds)
+    assert (tmp_path / "io" / "in0.bin").stat().st_size == 4 * 8 * 4
+    assert "data_t* out1" in (tmp_path / "model.h").read_text()
+
+
 def test_unsupported_binding_is_a_clear_error():
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((4,), "float32"))

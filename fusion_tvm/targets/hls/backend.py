@@ -113,11 +113,18 @@ class HLSModel:
         return self.loaded.input_names
 
     # ------------------------------------------------------------------ export
-    def export(self, path: str | os.PathLike) -> str:
-        """Write the project folder (C++ sources, header, weights, TCL, report.json)."""
+    def export(self, path: str | os.PathLike, feeds=None) -> str:
+        """Write the project folder (C++ sources, header, weights, TCL, report.json).
+
+        With ``feeds``, ``io/in<k>.bin`` are written too, so ``vitis_hls -f run_hls.tcl``
+        (or ``csim io weights`` after a g++ build) simulates on them.
+        """
         path = Path(path)
         write_project(self.design, path)
         write_report(self.design, path)
+        if feeds is not None:
+            for k, a in enumerate(self._check_feeds(feeds)):
+                np.ascontiguousarray(a, dtype=np.float32).tofile(path / "io" / f"in{k}.bin")
         return os.fspath(path)
 
     # ------------------------------------------------------------------ C sim
