@@ -19,7 +19,9 @@ and enough thread blocks, so this model prices the kernel's *launch shape*:
 * **wave quantisation** — ``waves = ceil(blocks / (resident * SMs))``; the last wave is
   partly idle, and a kernel with fewer blocks than SMs leaves SMs idle outright, so the
   compute time is divided by the fraction of the launched slots in use;
-* **launch overhead** — ``hw.launch_overhead_s`` (~4 us per CUDA launch), once per group.
+* **launch overhead** — ``hw.launch_overhead_s`` (~4 us per CUDA launch), once per group,
+  plus one per published producer a row-reduction template must launch apart
+  (:func:`split_launches`).
 
 time = launch + max(compute / util, memory / occupancy factor) + intermediates
 """
@@ -133,6 +135,28 @@ def launch_shape(graph: FusionGraph, group: frozenset[int], onchip_bytes: float,
     return LaunchShape(int(max(1, blocks)), threads, registers, int(math.ceil(smem)))
 
 
+def split_launches(graph: FusionGraph, group: frozenset[int]) -> int:
+    """Extra launches the row-reduction template needs for ``group``.
+
+    A non-reduction member of a reduction chain whose output the group publishes *and*
+    reads itself (a residual ``add`` before ``layer_norm``) writes a function output: TVM
+    cannot move it under the row loop, so it runs as its own launch first.
+    """
+    if classify(graph, group) is not GroupKind.REDUCTION:
+        return 0
+    extra = 0
+    for n in group:
+        node = graph.nodes[n]
+        if node.is_reduction:
+            continue
+        t = graph.tensors[node.outputs[0]]
+        inside = any(c in group for c in t.consumers)
+        published = t.escapes or any(c not in group for c in t.consumers)
+        if inside and published:
+            extra += 1
+    return extra
+
+
 def resident_blocks(shape: LaunchShape, gpu: GpuLimits) -> tuple[int, str]:
     """Blocks of ``shape`` one SM holds at once, and the resource that limits them."""
     warp_regs = math.ceil(shape.registers * gpu.warp_size / 256) * 256  # allocation unit
@@ -200,10 +224,13 @@ class GpuCostModel(RooflineCostModel):
         compute_s = base.detail["compute_s"] / util
         memory_s = base.detail["memory_s"] / bw_factor
         body = max(compute_s, memory_s)
-        time_s = self.hw.launch_overhead_s + body + base.detail["internal_s"]
+        launches = 1 + split_launches(graph, group)
+        time_s = launches * self.hw.launch_overhead_s + body + base.detail["internal_s"]
         bound = "compute" if compute_s >= memory_s else "memory"
         detail.update(compute_s=compute_s, memory_s=memory_s, waves=waves, utilization=util,
+                      launches=launches,
                       occupancy=occupancy, resident_blocks=resident, occupancy_limit=limiter)
         return replace(base, time_s=time_s, detail=detail, reason=(
             f"{bound}-bound ({detail['rule']}), {shape.blocks} blocks x {shape.threads} "
-            f"threads, {waves} wave(s), occupancy {occupancy:.2f} ({limiter})"))
+            f"threads, {waves} wave(s), occupancy {occupancy:.2f} ({limiter})"
+            + (f", {launches} launches" if launches > 1 else "")))

@@ -10,9 +10,11 @@ it rejects. This rule inlines what it can (dlight's ``try_inline``), then, block
   ``threadIdx.x``: TVM lowers that to a cross-thread (warp shuffle + shared memory)
   all-reduce;
 * a spatial block (normalisation, epilogue) is fused and split over blocks x threads;
-* when the spatial iters of a block are the same rows as the block after it, it is
-  moved under that block's row loop (``compute_at``), so the chain runs whole-row in one
-  launch; when not, it stays its own launch in the same PrimFunc.
+* every earlier block is moved under the row loop of the block after it (``compute_at``)
+  when its iters cover the same rows, so the chain runs whole-row in one launch with one
+  thread count; when not, it stays its own launch in the same PrimFunc. TVM refuses to
+  move a block that writes a function output, so a residual sum the group publishes
+  (``add`` before ``layer_norm``) is one extra launch before the row kernel.
 """
 
 from __future__ import annotations
@@ -74,16 +76,20 @@ class RowReduction(ScheduleRule):
             r_loops = [lp for lp, k in zip(loops, kinds, strict=True) if k == "R"]
             if r_loops:
                 sch.reorder(*s_loops, *r_loops)
-            if row_loop is not None and r_loops:
+            if row_loop is not None:
                 try:
                     sch.compute_at(block, row_loop, preserve_unit_loops=True)
-                except ScheduleError:
+                except ScheduleError:  # an output block, or rows that do not match
                     pass
                 else:
-                    inner = sch.get_loops(block)[-len(r_loops):]
-                    r = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-                    _, tx = sch.split(r, factors=[None, row_threads])
-                    sch.bind(tx, "threadIdx.x")
+                    # Reductions spread their reduction loops on the row's threads; a
+                    # spatial producer (a published residual sum) its part of the row.
+                    below = sch.get_loops(block)[1:]
+                    inner = below[-len(r_loops):] if r_loops else below
+                    if inner:
+                        r = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+                        _, tx = sch.split(r, factors=[None, row_threads])
+                        sch.bind(tx, "threadIdx.x")
                     continue
             if r_loops:
                 bx = _fuse(sch, block, s_loops)
