@@ -256,6 +256,29 @@ def test_weights_go_off_chip_when_bram_is_short():
                                rtol=1e-4, atol=1e-5)
 
 
+def test_shared_weight_gets_one_port_per_process():
+    """DATAFLOW wants one reader per array / m_axi port: a weight read by two processes is
+    emitted once per process (and counted once per process in BRAM)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (np.random.default_rng(0).standard_normal((64, 64)) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("MatMul", ["t", "W"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    feeds = _input(model)
+    ref = ex.reference(model, feeds)[0]
+    for hw, kind in (("zcu104", "rom"), (_tiny_board(dsp=256, bram=12), "offchip")):
+        cm = fusion_tvm.compile(model, target="hls", hw=hw, fusion="none")
+        names = [p.cname for k in cm.design.kernels for p in k.ports.values() if p.kind == kind]
+        assert len(names) == 2 and len(set(names)) == 2
+        np.testing.assert_allclose(cm.run(feeds)[0], ref, rtol=1e-4, atol=1e-5)
+
+
 def test_u250_keeps_more_on_chip_than_zcu104():
     model = ex.mlp(batch=2, d_in=256, hidden=1024, d_out=256)
     small = fusion_tvm.compile(model, target="hls", hw="zcu104").summary()

@@ -161,13 +161,18 @@ def plan_design(program: Program, hw: HardwareSpec, dtype: DataType) -> Design:
     t = program.tensors
     kernels: list[KernelDesign] = []
     streams: dict[int, list[tuple[str, str, int]]] = {}  # tensor -> (fifo, consumer, param)
+    uses: dict[int, int] = {}
+    for kc in program.kernels:
+        for tid in kc.args:
+            uses[tid] = uses.get(tid, 0) + 1
     for kc in program.kernels:
         cname = cident(f"g{kc.index}_{kc.func_name}")[:60]
         ports = {}
         direct_in, direct_out = direct_ports(kc.func)
         for i, tid in enumerate(kc.args):
             if t[tid].kind == "weight":
-                ports[i] = Port("rom", f"W_{cident(t[tid].name)}")
+                # a weight read by several processes gets one ROM (or m_axi port) each
+                ports[i] = Port("rom", _weight_name("W", t[tid].name, kc.index, uses[tid]))
                 continue
             name = f"s{tid}_g{kc.index}_{i}"
             ports[i] = Port("stream_in", name, direct=i in direct_in)
@@ -203,6 +208,21 @@ def plan_design(program: Program, hw: HardwareSpec, dtype: DataType) -> Design:
     _price(design, unroll_from_annotations=True)
     _fit(design)
     return design
+
+
+def _weight_name(prefix: str, name: str, kernel: int, uses: int) -> str:
+    return f"{prefix}_{cident(name)}" + (f"_g{kernel}" if uses > 1 else "")
+
+
+def weight_ports(design: Design, kind: str) -> list[tuple[str, int]]:
+    """(C name, tensor id) of every ROM (``kind="rom"``) or m_axi weight port."""
+    out: dict[str, int] = {}
+    for kd in design.kernels:
+        args = design.program.kernels[kd.index].args
+        for i, port in kd.ports.items():
+            if port.kind == kind:
+                out[port.cname] = args[i]
+    return sorted(out.items())
 
 
 def _price(design: Design, unroll_from_annotations: bool = False) -> None:
@@ -307,7 +327,8 @@ def _fit(design: Design) -> None:
         else:
             off.append(tid)
             for kd, i in weights[tid]:
-                kd.ports[i] = Port("offchip", f"M_{cident(t[tid].name)}")
+                n_uses = len(weights[tid])
+                kd.ports[i] = Port("offchip", _weight_name("M", t[tid].name, kd.index, n_uses))
     design.rom, design.offchip = rom, off
     if off:
         design.notes.append(f"{len(off)} weight tensor(s) kept off chip (m_axi): BRAM budget")
@@ -333,8 +354,7 @@ def _weights_header(design: Design) -> str:
     if fixed:
         init += ["#if !FT_VENDOR", "  static bool done = false;", "  if (done) return;",
                  "  done = true;"]
-    for tid in design.rom:
-        name = f"W_{cident(t[tid].name)}"
+    for name, tid in weight_ports(design, "rom"):
         dims = "".join(f"[{d}]" for d in t[tid].shape) or "[1]"
         values = _c_array(t[tid].data)
         if not fixed:
@@ -365,8 +385,7 @@ def top_signature(design: Design) -> tuple[list[str], list[tuple[str, int, int]]
     for j, tid in enumerate(p.outputs):
         params.append(f"data_t* out{j}")
         axi.append((f"out{j}", tid, p.tensors[tid].elems))
-    for tid in design.offchip:
-        name = f"M_{cident(p.tensors[tid].name)}"
+    for name, tid in weight_ports(design, "offchip"):
         params.append(f"const data_t* {name}")
         axi.append((name, tid, p.tensors[tid].elems))
     return params, axi
@@ -417,7 +436,7 @@ def emit_files(design: Design, board_part: str = "") -> dict[str, str]:
                  f"II={kd.ii}, {kd.dsp:.0f} DSP, {kd.bram} BRAM18K)", "static " + kd.code, ""]
     top = [f"void {TOP}({', '.join(params)}) {{"]
     for name, _, elems in axi:
-        bundle = "gmem_w" if name.startswith("M_") else f"gmem_{name}"
+        bundle = f"gmem_{name}"
         top.append(f"#pragma HLS INTERFACE m_axi port={name} offset=slave bundle={bundle} "
                    f"depth={elems}")
     top += ["#pragma HLS INTERFACE s_axilite port=return", "#pragma HLS DATAFLOW"]
