@@ -262,6 +262,8 @@ def cmd_compile(args, progress: Progress) -> int:
     """Build, export the library and write the plan JSON next to it."""
     import fusion_tvm
 
+    from .targets.base import get_backend
+
     hints = parse_shape_hints(args.shape)
     _check_target_hw(args)
     out = Path(args.output)
@@ -269,15 +271,33 @@ def cmd_compile(args, progress: Progress) -> int:
         raise UserInputError(f"output directory '{out.parent}' does not exist")
     loaded = _load(args.model, progress)
     shape_hints = check_hints(hints, loaded)
+    model, extra = loaded.mod, {}
+    if get_backend(args.target).name == "hls":
+        # HLS designs are static: --shape fixes symbolic dims instead of just pricing them
+        model = str(args.model)
+        fixed = {n: [shape_hints.get(d, d) if isinstance(d, str) else d for d in shape]
+                 for n, shape in zip(loaded.input_names, loaded.input_shapes, strict=True)
+                 if any(isinstance(d, str) for d in shape)}
+        extra = {"shape_dict": fixed} if fixed else {}
+        fixed_dims = {d for shape in loaded.input_shapes for d in shape if isinstance(d, str)}
+        unset = sorted(fixed_dims - set(shape_hints))
+        if unset:
+            raise UserInputError(f"the hls target builds static designs: fix the symbolic "
+                                 f"dim(s) {unset} with --shape (e.g. --shape {unset[0]}=1)")
+        hinted = {k: v for k, v in shape_hints.items() if k not in fixed_dims}
+    else:
+        hinted = shape_hints
     with progress.step("searching, scheduling and building"):
-        cm = fusion_tvm.compile(loaded.mod, target=args.target, hw=args.hw,
-                                shape_hints=shape_hints)
+        cm = fusion_tvm.compile(model, target=args.target, hw=args.hw, shape_hints=hinted,
+                                **extra)
     with progress.step(f"exporting {out}"):
         cm.export(str(out))
     meta = _plan_json(cm.plan, loaded, args.model, hints) if cm.plan is not None else {
         "model": args.model, "inputs": _inputs_json(loaded),
         "outputs": list(loaded.output_names)}
-    meta.update(artifact=out.name, target_kind=str(cm.target.kind.name),
+    target = getattr(cm, "target", None)  # an HLS model has no TVM target
+    kind = str(target.kind.name) if target is not None else args.target
+    meta.update(artifact=out.name, target_kind=kind,
                 kernels_built=cm.num_kernels, compile_time_s=cm.compile_time_s)
     plan_path = companion_json(out)
     _write_text(str(plan_path), json.dumps(meta, indent=2, default=_json_default), "plan")
@@ -289,7 +309,9 @@ def cmd_compile(args, progress: Progress) -> int:
     if args.json:
         _emit_json(summary)
     else:
-        print(f"wrote {out} ({cm.num_kernels} kernels, compiled in {cm.compile_time_s:.1f} s)")
+        what = "project folder, " if out.is_dir() else ""
+        print(f"wrote {out} ({what}{cm.num_kernels} kernels, compiled in "
+              f"{cm.compile_time_s:.1f} s)")
         print(f"wrote {plan_path}")
     return EXIT_OK
 
@@ -386,6 +408,9 @@ def cmd_run(args, progress: Progress) -> int:
     from tvm import relax
 
     art = Path(args.artifact)
+    if art.is_dir():
+        raise UserInputError(f"'{art}' is a folder (an HLS project?); 'run' loads TVM libraries "
+                             "(.so) written by 'compile' for llvm or cuda")
     if not art.is_file():
         raise UserInputError(f"artifact '{art}' does not exist")
     for path in args.inputs:

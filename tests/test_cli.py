@@ -170,6 +170,9 @@ INPROCESS_ERRORS = {
     "no_command": ([], 2, ["usage:"]),
     "bad_option": (["plan", "mlp.onnx", "--frobnicate"], 2, ["--frobnicate"]),
     "calibrate_todo": (["hw", "calibrate"], 3, ["not implemented"]),
+    "hls_needs_static": (["compile", "mlp.onnx", "-o", "d", "--target", "hls"], 2,
+                         ["--shape N="]),
+    "run_hls_folder": (["run", "."], 2, ["folder"]),
 }
 
 
@@ -217,3 +220,12 @@ def test_plan_with_spec_file_and_json_errors(models, tmp_path, capsys):
     assert main(["plan", str(models / "mlp.onnx"), "--shape", "N=x", "--json"]) == 2
     err = json.loads(capsys.readouterr().out)
     assert err["exit_code"] == 2 and "N=x" in err["error"]
+
+
+def test_compile_hls_fixes_dims_with_shape(models, tmp_path, capsys):
+    out = tmp_path / "mlp_hls"
+    assert main(["compile", str(models / "mlp.onnx"), "--target", "hls", "--shape", "N=2",
+                 "-o", str(out), "-q"]) == 0
+    assert out.is_dir() and "project folder" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "mlp_hls.plan.json").read_text())
+    assert meta["target_kind"] == "hls" and meta["kernels_built"] >= 1
