@@ -237,21 +237,37 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, help="first N tests (after --filter)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     parser.add_argument("--json", type=Path, help="write per-model results here")
+    parser.add_argument("--progress", type=Path, help="append each result here as it comes")
+    parser.add_argument("--from-progress", type=Path, help="only print the table of a file")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         _worker(args.worker)
         return 0
+    if args.from_progress:
+        rows = [json.loads(ln) for ln in args.from_progress.read_text().splitlines() if ln]
+        print(table({r["name"]: r for r in rows}))
+        return 0
     names = list(load_cases(pattern=args.filter))[: args.limit]
     start = time.perf_counter()
     shards = [names[i::args.jobs] for i in range(args.jobs)]
+    log = None
+    if args.progress:
+        def log(row, path=args.progress):
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+    parts = [None] * len(shards)
+
+    def run(i):
+        parts[i] = run_isolated(shards[i], log=log)
+
     if args.jobs > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(args.jobs) as pool:
-            parts = list(pool.map(run_isolated, shards))
+            list(pool.map(run, range(len(shards))))
     else:
-        parts = [run_isolated(names)]
+        run(0)
     results = {}
     for part in parts:
         results.update(part)
