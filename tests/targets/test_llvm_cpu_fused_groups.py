@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_llvm_cpu_rules import HW, rand, rules_of, run
+import tvm
+from test_llvm_cpu_rules import HW, TARGET, rand, rules_of
 from tvm import relax, tirx, topi
 from tvm.script import relax as R
 
@@ -57,6 +58,22 @@ def conv_bn_residual(bb, x, w, m, s, r):  # conv + BN (sub/div/mul/add) + residu
     return bb.emit_te(topi.nn.relu, bb.emit_te(topi.add, y, r))
 
 
+def layernorm_prefix_two_outputs(bb, x):  # centred rows *and* their std leave the group
+    width = float(x.ty.shape[-1].value)
+    d = bb.emit_te(topi.subtract, x, bb.emit_te(lambda a: topi.sum(a, axis=1, keepdims=True)
+                                                / width, x))
+    std = bb.emit_te(lambda a: topi.sqrt(topi.sum(a * a, axis=1, keepdims=True) / width), d)
+    return relax.Tuple([d, std])
+
+
+def scores_and_mask(bb, q, k, m):  # Q K^T / 8 + mask, the mask also an output
+    mask = bb.emit_te(lambda a: (1.0 - topi.cast(a, "float32")) * -10000.0, m)
+    kt = bb.emit_te(topi.transpose, k, [0, 2, 1])
+    s = bb.emit_te(lambda a, b: topi.nn.batch_matmul(a, b, transpose_b=False), q, kt)
+    s = bb.emit_te(lambda a, b: topi.add(topi.divide(a, 8.0), b), s, mask)
+    return relax.Tuple([mask, s])
+
+
 N = tirx.Var("n", "int64")
 CASES = {
     "transpose_cast_matmul_gelu": (
@@ -82,6 +99,15 @@ CASES = {
          np.abs(rand(1, 12, 1, 1)) + 0.5, rand(1, 12, 12, 16)],
         "conv2d",
     ),
+    "layernorm_prefix_two_outputs": (
+        layernorm_prefix_two_outputs, [var("x", (9, 64))], [rand(9, 64)], "reduction",
+    ),
+    "scores_and_mask_two_outputs": (
+        scores_and_mask,
+        [var("q", (3, 16, 8)), var("k", (3, 16, 8)), var("m", (1, 16), "int64")],
+        [rand(3, 16, 8), rand(3, 16, 8), (rand(1, 16) > 0).astype("int64")],
+        "matmul",
+    ),
 }
 
 
@@ -91,4 +117,13 @@ def test_fused_group(name):
     mod = fused(params, body)
     scheduled = ApplyTargetSchedule("llvm", HW)(mod)
     assert rules_of(scheduled) == {"group": rule}
-    np.testing.assert_allclose(run(scheduled, inputs), run(mod, inputs), rtol=1e-4, atol=1e-4)
+    for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def run_all(mod, inputs):
+    """Every output of ``main`` as numpy arrays (tuple outputs flattened)."""
+    vm = relax.VirtualMachine(tvm.compile(mod, TARGET), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    return [o.numpy() for o in out] if isinstance(out, (list, tuple)) or not hasattr(
+        out, "numpy") else [out.numpy()]

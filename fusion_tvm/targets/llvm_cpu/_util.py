@@ -117,6 +117,19 @@ def _calls(node, names: frozenset, depth: int = 0) -> bool:
     return False
 
 
+#: Intrinsics too costly to recompute: a producer calling them is not inlined into an
+#: operand that is read many times (A of a matmul is read N / nr times per element).
+EXPENSIVE_INTRINSICS = frozenset(
+    {"tirx.exp", "tirx.erf", "tirx.tanh", "tirx.sigmoid", "tirx.log", "tirx.pow", "tirx.sqrt",
+     "tirx.rsqrt", "tirx.exp2", "tirx.log2"}
+)
+
+
+def is_cheap(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether ``block`` is cheap to recompute (copies, casts, arithmetic)."""
+    return not _calls(sch.get(block).body, EXPENSIVE_INTRINSICS)
+
+
 def vector_friendly(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """Whether vectorising ``block``'s innermost loop pays off (no lane-by-lane intrinsics)."""
     return not _calls(sch.get(block).body, SCALAR_BETTER_INTRINSICS)

@@ -31,6 +31,7 @@ from ..base import ScheduleRule
 from ._util import (
     MIN_PARALLEL_FLOPS,
     inline_spatial,
+    is_cheap,
     is_reduction,
     is_spatial,
     lanes,
@@ -83,7 +84,14 @@ def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
     if len(reductions) != 1 or not all(is_reduction(sch, b) for b in reductions):
         return None
     main = reductions[0]
-    if get_index_map(sch.get(main)) is None:
+    stmt = sch.get(main)
+    # Operands indexed by plain iterators only: a window (y + ry) is a convolution, which
+    # dlight's index maps would otherwise accept as an implicit GEMM.
+    for region in (*stmt.reads, *stmt.writes):
+        for r in region.region:
+            if not isinstance(r.min, (tirx.Var, tirx.IntImm)):
+                return None
+    if get_index_map(stmt) is None:
         return None
     return main
 
@@ -121,8 +129,13 @@ def _fused_inner_extents(block: tirx.stmt.SBlock) -> tuple:
     return tuple(result)
 
 
-def _inline_operand(sch: s_tir.Schedule, block: SBlockRV, index: int) -> None:
-    """Inline the copy chain (reindex, pad) that feeds read ``index`` of ``block``."""
+def _inline_operand(
+    sch: s_tir.Schedule, block: SBlockRV, index: int, cheap_only: bool = False
+) -> None:
+    """Inline the chain (reindex, pad, transpose, cast...) feeding read ``index`` of ``block``.
+
+    With ``cheap_only`` the chain stops at a producer calling a costly intrinsic.
+    """
     while True:
         source = sch.get(block).reads[index].source
         feeding = [
@@ -130,7 +143,7 @@ def _inline_operand(sch: s_tir.Schedule, block: SBlockRV, index: int) -> None:
             for p in sch.get_producers(block)
             if any(w.source.same_as(source) for w in sch.get(p).writes)
         ]
-        if len(feeding) != 1:
+        if len(feeding) != 1 or (cheap_only and not is_cheap(sch, feeding[0])):
             return
         try:
             sch.compute_inline(feeding[0])
@@ -237,7 +250,7 @@ class Matmul(ScheduleRule):
                 sch.vectorize(p_ji)
         else:
             _inline_operand(sch, main, 1)
-        _inline_operand(sch, main, 0)
+        _inline_operand(sch, main, 0, cheap_only=True)
         with contextlib.suppress(ScheduleError):
             sch.reverse_compute_inline(reindex_c)
 
@@ -281,7 +294,7 @@ class Matmul(ScheduleRule):
 
         # Step 6. Prologue blocks left at the root (e.g. a costly op feeding A).
         for block in prologue:
-            with contextlib.suppress(ScheduleError):
+            with contextlib.suppress(ScheduleError, ValueError):  # ValueError: inlined
                 parallel_vectorize(sch, block, hw)
         return sch
 

@@ -171,8 +171,13 @@ class Reduction(ScheduleRule):
                     rfactored[sch.get(rf)] = rf
         blocks = root_blocks(sch)
 
-        last = blocks[-1]
-        loops = sch.get_loops(last)
+        # Anchor the row loop at the last block and pull every producer under it; a group
+        # with several outputs cannot compute_at an output block, so there the row loop is
+        # anchored at the first block and every consumer is pushed under it instead.
+        outputs = [sch.get(b) for b in sch.get_output_blocks(sch.get_sblock("root"))]
+        anchor_last = not any(sch.get(b).same_as(o) for b in blocks[:-1] for o in outputs)
+        anchor = blocks[-1] if anchor_last else blocks[0]
+        loops = sch.get_loops(anchor)
         extents = [static_extent(sch, lp) for lp in loops]
         row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
         work = None if None in extents else 1
@@ -180,8 +185,12 @@ class Reduction(ScheduleRule):
             work *= ext
         if hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 4):
             sch.parallel(row)
-        for block in reversed(blocks[:-1]):
-            sch.compute_at(block, row, preserve_unit_loops=True)
+        if anchor_last:
+            for block in reversed(blocks[:-1]):
+                sch.compute_at(block, row, preserve_unit_loops=True)
+        else:
+            for block in blocks[1:]:
+                sch.reverse_compute_at(block, row, preserve_unit_loops=True)
 
         for block in blocks:
             if any(sch.get(block).same_as(stmt) for stmt in rfactored):
