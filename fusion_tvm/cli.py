@@ -230,9 +230,21 @@ def cmd_plan(args, progress: Progress) -> int:
         with progress.step(f"writing {args.html}"):
             _write_text(args.html, render_html(plan, title=Path(args.model).name), "report")
     if args.json:
-        _emit_json(_plan_json(plan, loaded, args.model, hints))
+        data = _plan_json(plan, loaded, args.model, hints)
+        if args.why:
+            import dataclasses
+
+            from .report import boundaries
+
+            data["boundaries"] = [dataclasses.asdict(b) for b in boundaries(plan)]
+        _emit_json(data)
         return EXIT_OK
-    print(plan.table())
+    if args.why:
+        from .report import render_text
+
+        print(render_text(plan))
+    else:
+        print(plan.table())
     if hints:
         print("shape hints: " + ", ".join(
             f"{h.name}={h.value}" + (f" (range {h.low}..{h.high})" if h.low is not None else "")
@@ -720,6 +732,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", parents=[common], help="search and print the fusion plan")
     _model_options(p)
     p.add_argument("--html", metavar="OUT.html", help="write the interactive HTML report")
+    p.add_argument("--why", action="store_true",
+                   help="also say why each kernel boundary is there (explain() per boundary)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("compile", parents=[common], help="build a shared library (+ plan JSON)")

@@ -67,7 +67,8 @@ def test_parse_shape_hint(text, value, rng):
 # -------------------------------------------------------------------------------- commands
 def test_plan_detection_head_table_and_html(tmp_path):
     html = tmp_path / "plan.html"
-    res = ok(cli("plan", EXAMPLE, "--hw", HW, "--html", html))
+    res = ok(cli("plan", EXAMPLE, "--hw", HW, "--html", html, "--why"))
+    assert "kernel boundaries (why not fused):" in res.stdout
     assert "fusion plan for llvm on ci-x86-avx2" in res.stdout
     assert "kernels: unfused" in res.stdout and "predicted speedup vs FuseOps" in res.stdout
     assert "searching fusion plan" in res.stderr  # progress goes to stderr
@@ -78,7 +79,7 @@ def test_plan_detection_head_table_and_html(tmp_path):
 def test_plan_json_keeps_the_hint_range(models, capsys):
     # in-process (the subprocess path is covered above): same main(), no TVM re-import
     assert main(["plan", str(models / "mlp.onnx"), "--hw", HW, "--shape", "N=1..64",
-                 "--json", "--quiet"]) == 0
+                 "--json", "--quiet", "--why"]) == 0
     out = capsys.readouterr()
     assert out.err == ""
     data = json.loads(out.out)
@@ -86,6 +87,8 @@ def test_plan_json_keeps_the_hint_range(models, capsys):
     assert data["dims"]["N"] == 8
     assert data["num_kernels"] == len(data["groups"]) >= 1
     assert data["inputs"] == [{"name": "input", "shape": ["N", 64], "dtype": "float32"}]
+    assert {b["group"] for b in data["boundaries"]} == set(range(data["num_kernels"]))
+    assert all(b["reason"] for b in data["boundaries"])
 
 
 def test_compile_then_run_with_plain_tvm(models, tmp_path, capsys, monkeypatch):
