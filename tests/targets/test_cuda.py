@@ -202,3 +202,14 @@ def test_nvcc_compiles_fused_kernels(name, hw, tmp_path):
 def test_nvcc_compiles_zoo(name, hw, tmp_path):
     funcs, kernels = _build_and_nvcc(name, hw, tmp_path)
     print(f"{name} {hw} ({ARCH[hw]}): {funcs} fused PrimFuncs, {kernels} __global__ kernels")
+
+
+def test_compile_api_builds_for_cuda_without_a_device():
+    """``fusion_tvm.compile(..., target="cuda")`` builds here; only ``run`` needs a GPU."""
+    import fusion_tvm
+
+    cm = fusion_tvm.compile(zoo.get_model("mlp", small=True), target="cuda", hw="a100")
+    assert cm.plan.cost_model == "gpu" and cm.plan.hardware == "a100"
+    assert cm.num_kernels == cm.plan.num_kernels == 4
+    assert str(cm.device).startswith("cuda")
+    assert cm.target.kind.name == "cuda" and str(cm.target.attrs["arch"]) == "sm_80"
