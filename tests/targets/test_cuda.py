@@ -93,6 +93,21 @@ def test_gpu_cost_model_prices_launch_waves_and_occupancy():
         assert "wave" in cost.reason and "occupancy" in cost.reason
 
 
+def test_occupancy_limits_and_waves():
+    from fusion_tvm.cost_models.gpu import LaunchShape, resident_blocks
+
+    gpu = get_hardware("h100").gpu
+    # 256 threads x 64 registers: 16 K registers per block, 4 blocks fill the 64 K file
+    assert resident_blocks(LaunchShape(1000, 256, 64, 0), gpu) == (4, "registers")
+    # 256 threads x 16 registers: 8 blocks of 256 fill the 2048 threads of an SM
+    assert resident_blocks(LaunchShape(1000, 256, 16, 0), gpu) == (8, "threads")
+    # 100 KiB of shared memory per block: two fit the 228 KiB of an SM
+    assert resident_blocks(LaunchShape(1000, 128, 16, 100 * 1024), gpu) == (2,
+                                                                            "shared memory")
+    # 1024 threads x 255 registers = 255 K registers: not one block fits the 64 K file
+    assert resident_blocks(LaunchShape(1, 1024, 255, 0), gpu)[0] == 0
+
+
 def test_gpu_cost_model_refuses_non_gpu_spec():
     with pytest.raises(ValueError, match="GPU spec"):
         get_cost_model("gpu", get_hardware("ci-x86-avx2"))
