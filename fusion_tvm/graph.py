@@ -36,7 +36,9 @@ class TensorInfo:
 
     def nbytes(self, dims: Mapping[str, int]) -> float:
         """Bytes of this tensor with symbolic dims bound by ``dims``."""
-        bits = tvm.DataType(self.dtype).bits if self.dtype else 32
+        if not self.dtype or not self.shape and self.is_constant and not self.producer:
+            return 0.0 if not self.dtype else max(tvm.DataType(self.dtype).bits, 8) / 8
+        bits = tvm.DataType(self.dtype).bits
         return shape_elems(self.shape, dims) * max(bits, 8) / 8
 
 
@@ -223,7 +225,12 @@ def build_fusion_graph(
             single_tensor_out = isinstance(var.ty, relax.TensorType)
             node.fusible = node.pattern is not PatternKind.OPAQUE and single_tensor_out
             for arg in value.args[1].fields:
-                if isinstance(arg, (relax.Var, tvm.ir.expr.Constant)):
+                if isinstance(getattr(arg, "ty", None), tvm.ir.PrimType):
+                    # a symbolic dim passed by value: no data moves
+                    tid = tensor_of(arg)
+                    tensors[tid].is_constant = True
+                    node.inputs.append(tid)
+                elif isinstance(arg, (relax.Var, tvm.ir.expr.Constant)):
                     tid = tensor_of(arg)
                     node.inputs.append(tid)
                 else:  # an inline expression we do not model: keep it unfused

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import tvm
 from tvm import relax
 
 from .errors import InternalError
@@ -27,6 +28,13 @@ def _group_name(graph: FusionGraph, members: Sequence[int]) -> str:
             parts.append(name)
     name = "fused_" + "_".join(parts)
     return name[:80]
+
+
+def _is_symbolic_scalar(expr) -> bool:
+    """A symbolic dim (or other scalar) passed as a call_tir argument."""
+    return isinstance(getattr(expr, "ty", None), tvm.ir.PrimType) or isinstance(
+        expr, relax.ShapeExpr
+    )
 
 
 def _emit_group(
@@ -49,6 +57,9 @@ def _emit_group(
         for f in call.args[1].fields:
             if isinstance(f, relax.Var) and f in remap:
                 new_fields.append(remap[f])
+                continue
+            if _is_symbolic_scalar(f):  # a shape variable passed to the PrimFunc: keep inline
+                new_fields.append(f)
                 continue
             if f not in arg_index:
                 p = relax.Var(f"p{len(params)}", f.ty)
@@ -78,6 +89,23 @@ def _emit_group(
         tup = relax.Tuple([remap[v] for v in published])
         out_var = relax.Var("gv", relax.TupleType([v.ty for v in published]))
         bindings.append(relax.VarBinding(out_var, tup))
+    # Symbolic dims used inside the group but not definable from its tensor parameters
+    # (e.g. only ``batch * seq`` appears) come in through one extra shape parameter.
+    definable = set()
+    for p in params:
+        definable.update(v.name for v in relax.analysis.definable_tir_vars_in_type(p.ty))
+    needed: dict[str, object] = {}
+    for b in bindings:
+        for v in relax.analysis.tir_vars_in_type(b.var.ty):
+            if v.name not in definable:
+                needed.setdefault(v.name, v)
+        for f in b.value.args[1].fields if isinstance(b.value, relax.Call) else ():
+            if isinstance(getattr(f, "ty", None), tvm.ir.PrimType) and f.name not in definable:
+                needed.setdefault(f.name, f)
+    if needed:
+        dims = [needed[k] for k in sorted(needed)]
+        params.append(relax.Var("dims", relax.ShapeType(dims)))
+        args.append(relax.ShapeExpr(dims))
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], out_var)
     func = relax.Function(params, body, out_var.ty, is_pure=True)
     # Symbolic dims must not be shared with the caller: give the group its own copies.

@@ -196,3 +196,38 @@ def test_pass_in_sequential_replaces_fuseops():
     out = seq(mod)
     assert relax.analysis.check_well_formed(out)
     assert count_kernels(out) == fuse.plan.num_kernels < fuse.plan.fuseops_kernels
+
+
+FIXTURES = ["bert_tiny", "gpt2_tiny", "t5_tiny", "cnn_bn", "bert_tiny_dynamo"]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_real_exports_through_our_pipeline(name):
+    """torch.onnx exports of transformers' BERT / GPT-2 / T5 and a CNN with BatchNorm."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / f"{name}.onnx"
+    model = onnx.load(str(path))
+    cm = fusion_tvm.compile(model, hw="ci-x86-avx2")
+    assert relax.analysis.check_well_formed(cm.fused_mod)
+    sess = ort.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(1)
+    for batch, seq in ((1, 5), (2, 11)):
+        feeds = {}
+        for inp, shape in zip(model.graph.input, cm.loaded.input_shapes, strict=False):
+            dims = [d if isinstance(d, int) else (batch if i == 0 else seq)
+                    for i, d in enumerate(shape)]
+            elem = inp.type.tensor_type.elem_type
+            if elem == TensorProto.INT64:
+                if "mask" in inp.name:
+                    feeds[inp.name] = np.ones(dims, "int64")
+                elif "type" in inp.name:
+                    feeds[inp.name] = np.zeros(dims, "int64")
+                else:
+                    feeds[inp.name] = rng.integers(0, 50, dims).astype("int64")
+            else:
+                feeds[inp.name] = rng.standard_normal(dims).astype("float32")
+        ref = sess.run(None, feeds)
+        out = cm.run(feeds)
+        for a, r in zip(out, ref, strict=True):
+            np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)
