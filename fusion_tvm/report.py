@@ -443,12 +443,32 @@ def _group_details(plan: FusionPlan) -> list[dict]:
                 "shape": _shape(graph, graph.nodes[n])} for n in sorted(g)]
         details.append({
             "index": k, "name": gp.name, "function": gp.function, "kind": gp.kind,
+            "fuseops": _fuseops_note(plan.blocks[bi], g, labels, bi),
             "rule": gp.rule, "bound": gp.bound, "time": _fmt_time(gp.predicted_time_s),
             "dram": _fmt_bytes(gp.dram_bytes), "onchip": _fmt_bytes(gp.onchip_bytes),
             "gflop": gp.flops / 1e9, "color": group_color(k), "ops": ops,
             "boundaries": bounds.get(k, []),
         })
     return details
+
+
+def _fuseops_note(block: BlockPlan, group: frozenset[int], labels, bi: int) -> str:
+    """How FuseOps partitions the same ops (for comparison)."""
+    if not block.fuseops_groups:
+        return ""
+    graph = block.graph
+    hits = [h for h in block.fuseops_groups if h & group and is_kernel(graph, h)]
+    same = len(hits) == 1 and hits[0] == group
+    if same:
+        return "FuseOps builds the same kernel"
+    extra = sorted(set().union(*hits) - group) if hits else []
+    text = f"FuseOps splits these ops over {len(hits)} kernels" if len(hits) != 1 \
+        else "FuseOps puts these ops in one kernel"
+    if extra:
+        names = ", ".join(labels[(bi, n)] for n in extra[:6])
+        holds = "which also holds" if len(hits) == 1 else "which also hold"
+        text += f" ({holds} {names}{' ...' if len(extra) > 6 else ''})"
+    return text
 
 
 def _summary_rows(plan: FusionPlan) -> str:
@@ -547,9 +567,11 @@ _JS = r"""
       + '<div>predicted</div><div><b>'+esc(g.time)+'</b></div>'
       + '<div>DRAM traffic</div><div>'+esc(g.dram)+'</div>'
       + '<div>on-chip</div><div>'+esc(g.onchip)+'</div>'
-      + '<div>work</div><div>'+g.gflop.toFixed(4)+' GFLOP</div>'
+      + '<div>work</div><div>'+(g.gflop >= 1 ? g.gflop.toFixed(2)+' GFLOP'
+          : (g.gflop*1e3).toFixed(3)+' MFLOP')+'</div>'
       + '<div>rule</div><div>'+esc(g.rule||'-')+' ('+esc(g.kind)+')</div>'
-      + '<div>bound</div><div>'+esc(g.bound)+'</div></div>'
+      + '<div>bound</div><div>'+esc(g.bound)+'</div>'
+      + (g.fuseops ? '<div>vs FuseOps</div><div>'+esc(g.fuseops)+'</div>' : '') + '</div>'
       + '<h2 style="margin-top:12px">ops</h2><ul>';
     g.ops.forEach(function(o){h += '<li><span class="mono">'+esc(o.label)+' = '
       +esc(o.func)+'</span> <span class="why">'+esc(o.pattern)+' → '+esc(o.shape)
