@@ -189,6 +189,13 @@ def _inputs_json(loaded) -> list[dict]:
     ]
 
 
+def _check_out_dir(path: str | os.PathLike) -> None:
+    """Fail before the slow work when an output cannot be written."""
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise UserInputError(f"cannot write '{path}': directory '{parent}' does not exist")
+
+
 def _write_text(path: str, text: str, what: str) -> None:
     try:
         Path(path).write_text(text)
@@ -222,6 +229,8 @@ def cmd_plan(args, progress: Progress) -> int:
     """Search and print the plan (nothing is built)."""
     hints = parse_shape_hints(args.shape)
     _check_target_hw(args)
+    if args.html:
+        _check_out_dir(args.html)
     loaded = _load(args.model, progress)
     plan = search_plan(loaded, args.target, args.hw, check_hints(hints, loaded), progress)
     if args.html:
@@ -279,8 +288,7 @@ def cmd_compile(args, progress: Progress) -> int:
     hints = parse_shape_hints(args.shape)
     _check_target_hw(args)
     out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise UserInputError(f"output directory '{out.parent}' does not exist")
+    _check_out_dir(out)
     loaded = _load(args.model, progress)
     shape_hints = check_hints(hints, loaded)
     model, extra = loaded.mod, {}

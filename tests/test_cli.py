@@ -176,6 +176,8 @@ INPROCESS_ERRORS = {
     "hls_needs_static": (["compile", "mlp.onnx", "-o", "d", "--target", "hls"], 2,
                          ["--shape N="]),
     "run_hls_folder": (["run", "."], 2, ["folder"]),
+    "html_dir_missing": (["plan", "mlp.onnx", "--html", "no/such/dir/p.html"], 2,
+                         ["no/such/dir"]),
 }
 
 
