@@ -17,8 +17,9 @@ and enough thread blocks, so this model prices the kernel's *launch shape*:
   memory time is divided by ``min(1, occupancy / OCCUPANCY_FOR_PEAK_BW)`` (occupancy over
   all SMs: a grid of fewer blocks than SMs leaves the others idle);
 * **wave quantisation** — ``waves = ceil(blocks / (resident * SMs))``; the last wave is
-  partly idle, and a kernel with fewer blocks than SMs leaves SMs idle outright, so the
-  compute time is divided by the fraction of the launched slots in use;
+  partly idle, a kernel with fewer blocks than SMs leaves SMs idle outright, and an SM
+  with fewer than 8 warps cannot fill its pipelines, so the compute time is divided by
+  the product of those fractions (:func:`compute_utilization`);
 * **launch overhead** — ``hw.launch_overhead_s`` (~4 us per CUDA launch), once per group,
   plus one per published producer a row-reduction template must launch apart
   (:func:`split_launches`).
@@ -41,6 +42,8 @@ from .roofline import RooflineCostModel
 #: Occupancy (resident threads / max threads per SM) at which a streaming kernel reaches
 #: its peak bandwidth; below it, too few loads are in flight to hide HBM latency.
 OCCUPANCY_FOR_PEAK_BW = 0.5
+#: Resident warps per SM that keep its FP32 / SFU pipelines busy (4 schedulers x 2).
+WARPS_FOR_PEAK_COMPUTE = 8
 #: Most blocks one SM holds at once (sm_80 / sm_90: 32).
 MAX_BLOCKS_PER_SM = 32
 
@@ -157,6 +160,23 @@ def split_launches(graph: FusionGraph, group: frozenset[int]) -> int:
     return extra
 
 
+def compute_utilization(shape: LaunchShape, resident: int, gpu: GpuLimits) -> tuple[int, float]:
+    """Waves of the grid and the fraction of the device's arithmetic it keeps busy.
+
+    Three losses multiply: SMs with no block at all (a grid smaller than the GPU); busy
+    SMs with too few warps to keep their pipelines full (``WARPS_FOR_PEAK_COMPUTE``); and
+    the partly idle last wave of a grid larger than one wave.
+    """
+    slots = resident * gpu.sm_count
+    waves = math.ceil(shape.blocks / slots)
+    sm_fraction = min(shape.blocks, gpu.sm_count) / gpu.sm_count
+    warps = min(resident, math.ceil(shape.blocks / gpu.sm_count)) \
+        * math.ceil(shape.threads / gpu.warp_size)
+    saturation = min(1.0, warps / WARPS_FOR_PEAK_COMPUTE)
+    tail = shape.blocks / (waves * slots) if shape.blocks >= slots else 1.0
+    return waves, sm_fraction * saturation * tail
+
+
 def resident_blocks(shape: LaunchShape, gpu: GpuLimits) -> tuple[int, str]:
     """Blocks of ``shape`` one SM holds at once, and the resource that limits them."""
     warp_regs = math.ceil(shape.registers * gpu.warp_size / 256) * 256  # allocation unit
@@ -216,11 +236,12 @@ class GpuCostModel(RooflineCostModel):
                 f"one block of {shape.threads} threads x {shape.registers} registers does "
                 f"not fit an SM of {gpu.registers_per_sm} registers on {self.hw.name}"))
         slots = resident * gpu.sm_count
-        waves = math.ceil(shape.blocks / slots)
-        util = shape.blocks / (waves * slots)
+        waves, util = compute_utilization(shape, resident, gpu)
         occupancy = min(shape.blocks, slots) / gpu.sm_count * shape.threads \
             / gpu.max_threads_per_sm
         bw_factor = min(1.0, occupancy / OCCUPANCY_FOR_PEAK_BW)
+        if shape.blocks < slots:  # the grid, not an SM resource, bounds the occupancy
+            limiter = f"grid of {shape.blocks} < {slots} slots"
         compute_s = base.detail["compute_s"] / util
         memory_s = base.detail["memory_s"] / bw_factor
         body = max(compute_s, memory_s)

@@ -94,7 +94,7 @@ def test_gpu_cost_model_prices_launch_waves_and_occupancy():
 
 
 def test_occupancy_limits_and_waves():
-    from fusion_tvm.cost_models.gpu import LaunchShape, resident_blocks
+    from fusion_tvm.cost_models.gpu import LaunchShape, compute_utilization, resident_blocks
 
     gpu = get_hardware("h100").gpu
     # 256 threads x 64 registers: 16 K registers per block, 4 blocks fill the 64 K file
@@ -104,6 +104,11 @@ def test_occupancy_limits_and_waves():
     # 100 KiB of shared memory per block: two fit the 228 KiB of an SM
     assert resident_blocks(LaunchShape(1000, 128, 16, 100 * 1024), gpu) == (2,
                                                                             "shared memory")
+    # waves: one block more than a wave of 4 x 132 slots costs a second, nearly empty wave
+    waves, util = compute_utilization(LaunchShape(4 * 132 + 1, 256, 64, 0), 4, gpu)
+    assert waves == 2 and util == pytest.approx((4 * 132 + 1) / (2 * 4 * 132))
+    # a 2-block grid keeps 2 of 132 SMs busy
+    assert compute_utilization(LaunchShape(2, 256, 64, 0), 4, gpu) == (1, pytest.approx(2 / 132))
     # 1024 threads x 255 registers = 255 K registers: not one block fits the 64 K file
     assert resident_blocks(LaunchShape(1, 1024, 255, 0), gpu)[0] == 0
 
