@@ -234,3 +234,20 @@ def test_compile_hls_fixes_dims_with_shape(models, tmp_path, capsys):
     assert out.is_dir() and "project folder" in capsys.readouterr().out
     meta = json.loads((tmp_path / "mlp_hls.plan.json").read_text())
     assert meta["target_kind"] == "hls" and meta["kernels_built"] >= 1
+
+
+def test_internal_errors_exit_1_and_debug_shows_tracebacks(monkeypatch, capsys):
+    import fusion_tvm.cli as cli_mod
+
+    def boom(args, progress):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(cli_mod, "cmd_hw", boom)
+    assert main(["hw", "list"]) == 1
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: kaboom" in err and "Traceback" not in err
+    assert main(["hw", "list", "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+    # --debug also shows where a user error came from
+    assert main(["--debug", "plan", "nope.onnx"]) == 2
+    assert "Traceback" in capsys.readouterr().err
