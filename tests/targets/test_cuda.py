@@ -171,7 +171,7 @@ def test_rules_schedule_fused_groups_dlight_declines():
     assert sum(r == "matmul" for r in rules.values()) >= 4
 
 
-def test_contraction_rule_takes_conv_with_epilogue():
+def test_contraction_rule_takes_conv_with_epilogue(tmp_path):
     from tvm.script import tirx as T
 
     from fusion_tvm.targets.cuda.contraction import SimtContraction
@@ -197,6 +197,13 @@ def test_contraction_rule_takes_conv_with_epilogue():
     assert sch is not None
     text = sch.mod.script()
     assert "threadIdx.x" in text and '"local"' in text
+    if nvcc_path() is not None:
+        import tvm
+
+        func = sch.mod["main"].with_attr("global_symbol", "conv_sigmoid")
+        built = tvm.tirx.build(tvm.IRModule({"conv_sigmoid": func}),
+                               target=get_backend("cuda").target(hw))
+        nvcc_compile(built.imports[0].inspect_source(), "sm_80", workdir=str(tmp_path))
 
 
 # ------------------------------------------------------------------------- nvcc builds

@@ -55,11 +55,6 @@ def dlight_gemv() -> DlightRule:
     return DlightRule("gemv", dl.gpu.GEMV())
 
 
-def dlight_low_batch_gemv() -> DlightRule:
-    """Matrix times a few vectors."""
-    return DlightRule("gemv", dl.gpu.LowBatchGEMV())
-
-
 def dlight_reduction() -> DlightRule:
     """One reduction with an elementwise epilogue, cross-thread reduced."""
     return DlightRule("reduction", dl.gpu.Reduction())
