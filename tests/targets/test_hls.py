@@ -7,6 +7,7 @@ the estimates deterministic. g++ builds use -O1; the models are small.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -339,6 +340,30 @@ def test_tuple_outputs_and_fan_out(fusion, tmp_path):
     cm.export(tmp_path, feeds=feeds)
     assert (tmp_path / "io" / "in0.bin").stat().st_size == 4 * 8 * 4
     assert "data_t* out1" in (tmp_path / "model.h").read_text()
+
+
+@pytest.mark.parametrize("name", ["gpt2_tiny", "bert_tiny"])
+def test_tiny_transformer_fixtures_with_integer_inputs(name):
+    """Token ids / masks (int64) stream as integers; embeddings (Gather), masks with -inf
+    weights, GELU and LayerNorm all simulate equal to onnxruntime on the zcu104."""
+    import onnx
+
+    model = onnx.load(Path(__file__).resolve().parents[1] / "data" / f"{name}.onnx")
+    rng = np.random.default_rng(0)
+    feeds, shapes = {}, {}
+    for inp in model.graph.input:
+        shapes[inp.name] = [1, 8]
+        if "mask" in inp.name:
+            feeds[inp.name] = np.ones((1, 8), np.int64)
+        else:
+            high = 2 if "type" in inp.name else 50
+            feeds[inp.name] = rng.integers(0, high, (1, 8)).astype(np.int64)
+    ref = ex.reference(model, feeds)
+    cm = fusion_tvm.compile(model, target="hls", hw="zcu104", shape_dict=shapes)
+    out = cm.run(feeds)
+    for o, r in zip(out, ref, strict=True):
+        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-5)
+    _fits(cm)
 
 
 def test_unsupported_binding_is_a_clear_error():

@@ -124,7 +124,7 @@ class HLSModel:
         write_report(self.design, path)
         if feeds is not None:
             for k, a in enumerate(self._check_feeds(feeds)):
-                np.ascontiguousarray(a, dtype=np.float32).tofile(path / "io" / f"in{k}.bin")
+                np.ascontiguousarray(a).tofile(path / "io" / f"in{k}.bin")
         return os.fspath(path)
 
     # ------------------------------------------------------------------ C sim
@@ -152,15 +152,15 @@ class HLSModel:
         io = Path(tempfile.mkdtemp(prefix="io_", dir=self._build_dir))
         try:
             for k, a in enumerate(arrays):
-                np.ascontiguousarray(a, dtype=np.float32).tofile(io / f"in{k}.bin")
+                np.ascontiguousarray(a).tofile(io / f"in{k}.bin")
             proc = subprocess.run([str(exe), str(io), str(self._build_dir / "weights")],
                                   capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:
                 raise InternalError(f"C simulation failed ({proc.returncode}): "
                                     f"{proc.stderr[-2000:]}")
-            shapes = self.design.program.output_shapes
-            return [np.fromfile(io / f"out{j}.bin", dtype=np.float32).reshape(s)
-                    for j, s in enumerate(shapes)]
+            p = self.design.program
+            return [np.fromfile(io / f"out{j}.bin", dtype=p.tensors[tid].dtype).reshape(s)
+                    for j, (tid, s) in enumerate(zip(p.outputs, p.output_shapes, strict=True))]
         finally:
             shutil.rmtree(io, ignore_errors=True)
 
@@ -184,9 +184,9 @@ class HLSModel:
             if tuple(a.shape) != tuple(want):
                 raise InputMismatchError(f"input '{name}' has shape {a.shape}, the design "
                                          f"expects {want}")
-            if a.dtype != np.float32:
+            if str(a.dtype) != p.tensors[tid].dtype:
                 raise InputMismatchError(f"input '{name}' has dtype {a.dtype}, the design "
-                                         "expects float32")
+                                         f"expects {p.tensors[tid].dtype}")
         return arrays
 
     # ----------------------------------------------------------------- report

@@ -10,6 +10,9 @@ Each PrimFunc parameter becomes a *port* chosen by the design (:mod:`.emitter`):
 * ``rom``        -- a ``static const`` weight array (on-chip ROM), indexed in its shape.
 * ``offchip``    -- a ``const data_t*`` in DDR behind an ``m_axi`` port, indexed flat.
 
+Float tensors are ``data_t`` (float or ``ap_fixed``); integer tensors (token ids, masks)
+keep their C integer type, in streams as in arrays.
+
 Loops carry the schedule rule's ``hls.pipeline_ii`` / ``hls.unroll`` annotations, printed
 as ``#pragma HLS PIPELINE`` / ``UNROLL``; arrays indexed by an unrolled loop are
 partitioned cyclically on that dimension so the unrolled accesses hit separate banks.
@@ -47,6 +50,15 @@ _BINOP = {
 }
 _INT_CTYPES = {"int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t",
                "uint8": "uint8_t", "uint32": "uint32_t", "uint64": "uint64_t", "bool": "bool"}
+
+
+def elem_ctype(dtype: str) -> str:
+    """C type of one element of a tensor of ``dtype`` (floats are ``data_t``)."""
+    if dtype.startswith(("float", "bfloat")):
+        return "data_t"
+    if dtype in _INT_CTYPES:
+        return _INT_CTYPES[dtype]
+    raise UnsupportedOperatorError(f"dtype {dtype}", "", "no C++ type in the HLS emitter")
 
 
 def cident(name: str) -> str:
@@ -452,8 +464,8 @@ class KernelPrinter:
         if guarded:
             self.emit(f"if ({self.expr(pred)}) {{", d)
             d += 1
-        for cname in self.direct_reads.get(blk.name_hint, []):
-            self.emit(f"const data_t {cname}_v = {cname}.read();", d)
+        for cname, ctype in self.direct_reads.get(blk.name_hint, []):
+            self.emit(f"const {ctype} {cname}_v = {cname}.read();", d)
         if blk.init is not None:
             conds = [f"{cident(iv.var.name)} == {self.expr(iv.dom.min)}"
                      for iv in blk.iter_vars if int(iv.iter_type) == 2]
@@ -472,11 +484,11 @@ class KernelPrinter:
         else:
             value = self.expr(st.value)
         if mode == "direct_out":
-            streams = self._direct_out[cname]
+            streams, ctype = self._direct_out[cname]
             if len(streams) == 1:
-                self.emit(f"{streams[0]}.write(data_t({value}));", depth)
+                self.emit(f"{streams[0]}.write({ctype}({value}));", depth)
             else:
-                self.emit(f"const data_t {cname}_o = {value};", depth)
+                self.emit(f"const {ctype} {cname}_o = {value};", depth)
                 for s in streams:
                     self.emit(f"{s}.write({cname}_o);", depth)
             return
@@ -489,7 +501,7 @@ class KernelPrinter:
         params: list[str] = []
         prologue: list[str] = []
         epilogue: list[str] = []
-        self._direct_out: dict[str, list[str]] = {}
+        self._direct_out: dict[str, tuple[list[str], str]] = {}
         acc = _accesses(func)
         # Buffers written by reductions accumulate in the wider accum_t (fixed point).
         reduced = {lb.block.body.buffer.name for lb in leaf_blocks(func) if lb.has_reduce}
@@ -498,42 +510,40 @@ class KernelPrinter:
             port = self.ports[k]
             shape = [int_value(d) for d in p.shape]
             dims = "".join(f"[{d}]" for d in shape) or "[1]"
-            if port.kind in ("stream_in", "stream_out") and not str(p.dtype).startswith("float"):
-                raise UnsupportedOperatorError(f"{p.dtype} tensor", self.cname,
-                                               "streams carry float tensors only")
+            st = self.ctype(str(p.dtype))  # element type of the stream / array
             if port.kind == "rom":
                 self.buf.append((p, "rom", port.cname, shape))
             elif port.kind == "offchip":
-                params.append(f"const data_t* {port.cname}")
+                params.append(f"const {st}* {port.cname}")
                 self.buf.append((p, "ptr", port.cname, shape))
             elif port.kind == "stream_in":
-                params.append(f"hls::stream<data_t>& {port.cname}")
+                params.append(f"hls::stream<{st}>& {port.cname}")
                 if port.direct:
                     self.buf.append((p, "direct_in", port.cname, shape))
                     (lb, *_), = acc[p.name]
-                    self.direct_reads.setdefault(lb.name, []).append(port.cname)
+                    self.direct_reads.setdefault(lb.name, []).append((port.cname, st))
                 else:
                     local = f"{port.cname}_buf"
                     self.buf.append((p, "local", local, shape))
-                    prologue.append(f"static data_t {local}{dims};")
+                    prologue.append(f"static {st} {local}{dims};")
                     prologue.extend(_copy_loops(local, shape, f"{local}{{}} = {port.cname}"
                                                 ".read();", f"rd_{port.cname}"))
             else:  # stream_out
-                params.extend(f"hls::stream<data_t>& {s}" for s in port.streams)
+                params.extend(f"hls::stream<{st}>& {s}" for s in port.streams)
                 if port.direct:
                     self.buf.append((p, "direct_out", port.cname, shape))
-                    self._direct_out[port.cname] = list(port.streams)
+                    self._direct_out[port.cname] = (list(port.streams), st)
                 else:
                     local = f"{port.cname}_buf"
                     self.buf.append((p, "local", local, shape))
-                    atype = "data_t"
+                    atype = st
                     if self.dt.is_fixed and p.name in reduced:
                         self.accum.add(local)
                         atype = "accum_t"
                     prologue.insert(0, f"static {atype} {local}{dims};")
                     for s in port.streams:
                         epilogue.extend(_copy_loops(local, shape,
-                                                    f"{s}.write(data_t({local}{{}}));",
+                                                    f"{s}.write({st}({local}{{}}));",
                                                     f"wr_{s}"))
         decls = []
         for b in alloc_buffers(func):
