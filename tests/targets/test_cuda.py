@@ -206,6 +206,28 @@ def test_contraction_rule_takes_conv_with_epilogue(tmp_path):
         nvcc_compile(built.imports[0].inspect_source(), "sm_80", workdir=str(tmp_path))
 
 
+def test_bind_threads_fallback_verifies_on_every_fused_func():
+    """The last rule alone must give kernels TVM's CUDA build accepts (VerifyMemory)."""
+    import tvm
+    from tvm import tirx
+
+    from fusion_tvm.targets.cuda import BindThreads
+
+    hw = get_hardware("a100")
+    target = get_backend("cuda").target(hw)
+    parts = make_pipeline(target="cuda", hw=hw)
+    with parts.target:
+        mod = parts.fuse(parts.prepare(load_model(zoo.get_model("mlp", small=True)).mod))
+    funcs = {}
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            sch = BindThreads().apply(func, target, hw)
+            funcs[gvar.name_hint] = sch.mod["main"].with_attr("global_symbol", gvar.name_hint)
+    assert len(funcs) == 4
+    built = tvm.tirx.build(tvm.IRModule(funcs), target=target)
+    assert built.imports[0].inspect_source().count("__global__") >= 4
+
+
 # ------------------------------------------------------------------------- nvcc builds
 def _build_and_nvcc(name: str, hw: str, tmp_path) -> tuple[int, int]:
     b = build_cuda(zoo.get_model(name, small=True), hw=hw)

@@ -10,7 +10,7 @@ from ..base import ScheduleRule
 
 
 class BindThreads(ScheduleRule):
-    """Matches any PrimFunc: no inlining, each block its own grid-stride-free launch.
+    """Matches any PrimFunc: no inlining, each root block its own launch.
 
     A kernel without thread bindings fails ``VerifyMemory`` on CUDA, so the last rule
     must bind every block, however plain: fuse the block's loops that only feed spatial
