@@ -235,6 +235,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", help="regex on test names")
     parser.add_argument("--limit", type=int, help="first N tests (after --filter)")
+    parser.add_argument("--every", type=int, default=1, help="every k-th test (a sample)")
+    parser.add_argument("--skip", type=Path, help="skip the tests already in this progress file")
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
     parser.add_argument("--json", type=Path, help="write per-model results here")
     parser.add_argument("--progress", type=Path, help="append each result here as it comes")
@@ -248,7 +250,10 @@ def main(argv=None) -> int:
         rows = [json.loads(ln) for ln in args.from_progress.read_text().splitlines() if ln]
         print(table({r["name"]: r for r in rows}))
         return 0
-    names = list(load_cases(pattern=args.filter))[: args.limit]
+    names = list(load_cases(pattern=args.filter))[:: args.every][: args.limit]
+    if args.skip and args.skip.exists():
+        done = {json.loads(ln)["name"] for ln in args.skip.read_text().splitlines() if ln}
+        names = [n for n in names if n not in done]
     start = time.perf_counter()
     shards = [names[i::args.jobs] for i in range(args.jobs)]
     log = None

@@ -19,7 +19,9 @@ them for ``tests/test_fuzz_regressions.py``.
 from __future__ import annotations
 
 import collections
+import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -28,6 +30,7 @@ import numpy as np
 import onnx
 import pytest
 
+import fusion_tvm
 from fusion_tvm.testing.random_onnx import (
     OURS,
     CheckResult,
@@ -166,3 +169,64 @@ def test_fuzz_long():
     ours = [f for f in summary["failures"]
             if f["kind"] in OURS and not _known(CheckResult(f["kind"], f["detail"]))]
     assert not ours, ours[:10]
+
+
+# -------------------------------------------------------------------------- determinism
+# The plan records how long the search took (``search_time_s``, a "pass time" note): wall
+# clock, so it is the one part of the JSON allowed to differ between two compiles.
+_TIMING_NOTE = "pass time"
+
+
+def _stable_plan(plan) -> str:
+    data = plan.to_json()
+    data.pop("search_time_s", None)
+    data["notes"] = [n for n in data.get("notes", []) if not n.startswith(_TIMING_NOTE)]
+    return json.dumps(data, sort_keys=True)
+
+
+_DETERMINISM_CHILD = """
+import hashlib, json, sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {tests!r})
+import fusion_tvm
+from fusion_tvm.testing.random_onnx import random_model
+from test_fuzz import _stable_plan
+out = {{}}
+for seed in (2, 31):
+    cm = fusion_tvm.compile(random_model(seed).model, hw="ci-x86-avx2")
+    path = cm.export({tmp!r} + f"/m{{seed}}.so")
+    out[seed] = [_stable_plan(cm.plan), hashlib.sha256(open(path, "rb").read()).hexdigest(),
+                 cm.executable.as_text()]
+print(json.dumps(out))
+"""
+
+
+def test_same_model_same_plan_and_library(tmp_path):
+    """Compiling twice, in processes with different string-hash seeds, gives the same plan
+    (timings aside) and byte-identical exported libraries (and VM bytecode)."""
+    runs = []
+    for hash_seed in ("1", "2"):
+        script = tmp_path / f"child{hash_seed}.py"
+        work = tmp_path / f"out{hash_seed}"
+        work.mkdir()
+        script.write_text(_DETERMINISM_CHILD.format(tests=str(Path(__file__).parent),
+                                                    tmp=str(work)))
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for seed in runs[0]:
+        plan_a, so_a, text_a = runs[0][seed]
+        plan_b, so_b, text_b = runs[1][seed]
+        assert plan_a == plan_b, f"seed {seed}: plans differ"
+        assert text_a == text_b, f"seed {seed}: VM bytecode differs"
+        assert so_a == so_b, f"seed {seed}: exported libraries differ"
+
+
+def test_same_model_same_plan_in_process():
+    case = random_model(7)
+    a = fusion_tvm.compile(case.model, hw="ci-x86-avx2")
+    b = fusion_tvm.compile(case.model, hw="ci-x86-avx2")
+    assert _stable_plan(a.plan) == _stable_plan(b.plan)
+    assert a.fused_mod.script() == b.fused_mod.script()
