@@ -134,6 +134,20 @@ def test_register_capacity_changes_what_fuses():
     assert not why.fused and "registers per thread exceed 64" in why.reason
 
 
+def test_shared_memory_capacity_makes_a_group_infeasible():
+    """A matmul tile (64 + 64) x 16 fp32 = 8 KiB cannot launch where a block gets 4 KiB."""
+    h100 = get_hardware("h100")
+    tiny = replace(h100, name="h100-4k", gpu=replace(h100.gpu, shared_memory_per_block=4096))
+    mlp = plan_of(zoo.get_model("mlp", small=True), "cuda", h100, "gpu")
+    block = mlp.blocks[0]
+    group = next(g for g in block.groups if any(block.graph.nodes[i].is_contraction for i in g))
+    roomy = get_cost_model("gpu", h100, get_backend("cuda")).estimate(block.graph, group)
+    cramped = get_cost_model("gpu", tiny, get_backend("cuda")).estimate(block.graph, group)
+    assert roomy.feasible
+    assert not cramped.feasible
+    assert "shared memory per block 8.0 KiB exceeds 4 KiB" in cramped.reason
+
+
 def test_cuda_and_cpu_plans_differ_where_the_models_say_so():
     """Sigmoid of a per-channel gate, broadcast over a 512 x 1024 map.
 
