@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ..errors import InvalidHardwareSpecError
 from ..graph import FusionGraph
 from ..legality import GroupKind, classify
 from ..tir_analysis import shape_elems
@@ -208,7 +209,8 @@ class GpuCostModel(RooflineCostModel):
 
     def __init__(self, hw: HardwareSpec, backend=None, config: GpuTemplateConfig | None = None):
         if hw.gpu is None:
-            raise ValueError(f"the gpu cost model needs a GPU spec; '{hw.name}' has no GpuLimits")
+            raise InvalidHardwareSpecError(
+                f"the gpu cost model needs a GPU spec; '{hw.name}' has no GpuLimits")
         super().__init__(hw, backend)
         self.config = config or GpuTemplateConfig()
 

@@ -113,9 +113,13 @@ def test_occupancy_limits_and_waves():
     assert resident_blocks(LaunchShape(1, 1024, 255, 0), gpu)[0] == 0
 
 
-def test_gpu_cost_model_refuses_non_gpu_spec():
-    with pytest.raises(ValueError, match="GPU spec"):
+def test_cpu_spec_on_cuda_is_a_user_error():
+    from fusion_tvm.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="GPU spec"):
         get_cost_model("gpu", get_hardware("ci-x86-avx2"))
+    with pytest.raises(UserInputError, match="needs a GPU hardware spec"):
+        get_backend("cuda").target(get_hardware("ci-x86-avx2"))
 
 
 def test_register_capacity_changes_what_fuses():

@@ -8,6 +8,7 @@ import tvm
 
 from ...cost_models import gpu as _gpu_cost_model  # noqa: F401  (registers "gpu")
 from ...cost_models.hardware import DeviceKind, HardwareSpec
+from ...errors import InvalidHardwareSpecError
 from ..base import Backend, ScheduleRule, register_backend
 from . import dlight_rules as dr
 from .contraction import SimtContraction
@@ -27,6 +28,10 @@ def cuda_target(hw: HardwareSpec) -> tvm.target.Target:
     thread limits come from :class:`~fusion_tvm.cost_models.hardware.GpuLimits`. The host
     is LLVM, as in TVM's own CUDA builds.
     """
+    if hw.kind is not DeviceKind.GPU:
+        raise InvalidHardwareSpecError(
+            f"target 'cuda' needs a GPU hardware spec; '{hw.name}' is a {hw.kind.value} "
+            "(try --hw a100, h100 or h200)")
     spec = dict(hw.target)
     tag = spec.pop("tag", None)
     config: dict = {}
