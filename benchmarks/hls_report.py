@@ -32,37 +32,60 @@ from fusion_tvm.pipeline import make_pipeline  # noqa: E402
 from fusion_tvm.targets.hls import HLSBackend  # noqa: E402
 from fusion_tvm.targets.hls import examples as ex  # noqa: E402
 
+DATA = ROOT / "tests" / "data"
+
+
+def _fixture(name: str):
+    import onnx
+
+    return lambda: onnx.load(DATA / f"{name}.onnx")
+
+
 MODELS = {
     "mlp": ex.mlp,
     "mlp_wide": lambda: ex.mlp(batch=8, d_in=256, hidden=256, d_out=256),
     "cnn": ex.small_cnn,
     "transformer": ex.transformer_block,
+    "bert_tiny": _fixture("bert_tiny"),  # int64 token ids, seq 8
+    "gpt2_tiny": _fixture("gpt2_tiny"),
 }
+DEFAULT = ["mlp", "mlp_wide", "cnn", "transformer"]
 
 
-def cpu_kernels(model) -> int:
+def cpu_kernels(model, shapes) -> int:
     """Kernels of the CPU plan (roofline on the frozen ci-x86-avx2 spec)."""
     parts = make_pipeline(target="llvm", hw="ci-x86-avx2")
     with parts.target:
-        parts.fuse(parts.prepare(load_model(model).mod))
+        parts.fuse(parts.prepare(load_model(model, shape_dict=shapes).mod))
     return parts.fuse_pass.plan.num_kernels
 
 
-def feeds_for(model, seed: int = 1) -> dict[str, np.ndarray]:
+def feeds_for(model, seed: int = 1) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
+    """Random inputs (token ids / masks for int64 inputs) and the shapes used: symbolic
+    dims become 1 (leading) or 8."""
     rng = np.random.default_rng(seed)
-    return {
-        i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
-        .astype(np.float32)
-        for i in model.graph.input
-    }
+    feeds, shapes = {}, {}
+    for i in model.graph.input:
+        dims = [d.dim_value or (1 if k == 0 else 8)
+                for k, d in enumerate(i.type.tensor_type.shape.dim)]
+        shapes[i.name] = dims
+        if i.type.tensor_type.elem_type == 7:  # int64
+            if "mask" in i.name:
+                feeds[i.name] = np.ones(dims, np.int64)
+            else:
+                feeds[i.name] = rng.integers(0, 2 if "type" in i.name else 50, dims)
+        else:
+            feeds[i.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds, shapes
 
 
 def run_one(name: str, board: str, precision: str, export: Path | None) -> dict:
     model = MODELS[name]()
-    feeds = feeds_for(model)
+    feeds, shapes = feeds_for(model)
     ref = ex.reference(model, feeds)
     t0 = time.perf_counter()
-    cm = fusion_tvm.compile(model, target=HLSBackend(precision=precision), hw=board)
+    cm = fusion_tvm.compile(model, target=HLSBackend(precision=precision), hw=board,
+                            shape_dict=shapes)
     t_compile = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = cm.run(feeds)
@@ -79,7 +102,7 @@ def run_one(name: str, board: str, precision: str, export: Path | None) -> dict:
         cm.export(export / f"{name}_{board}_{'float' if precision == 'float' else 'fixed'}")
     return {
         "model": name, "board": board, "precision": precision,
-        "kernels_fpga": cm.num_kernels, "kernels_cpu": cpu_kernels(model),
+        "kernels_fpga": cm.num_kernels, "kernels_cpu": cpu_kernels(model, shapes),
         "latency_cycles": s["latency_cycles"], "latency_us": s["latency_us"],
         "interval_cycles": s["interval_cycles"],
         "dsp": r["dsp"], "dsp_budget": r["dsp_budget"],
@@ -92,7 +115,7 @@ def run_one(name: str, board: str, precision: str, export: Path | None) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=DEFAULT, choices=list(MODELS))
     ap.add_argument("--boards", nargs="+", default=["zcu104"])
     ap.add_argument("--precision", nargs="+", default=["float", "ap_fixed<16,6>"])
     ap.add_argument("--export", type=Path, default=None, help="write the HLS projects here")
