@@ -77,12 +77,15 @@ class FusionKinds:
         Producers folded into a matmul / conv's loads (transposes, casts, elementwise).
     weight_folding : bool
         BatchNorm folded into conv weights at compile time (prepare phase).
+    siblings : bool
+        Matmuls sharing their input combined into one (prepare phase, when predicted faster).
     """
 
     reduction_chains: bool = True
     multi_output: bool = True
     prologue: bool = True
     weight_folding: bool = True
+    siblings: bool = True
 
 
 def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -> FusionDecision:

@@ -25,6 +25,7 @@ from .cost_models.hardware import HardwareSpec
 from .cost_models.presets import get_hardware
 from .errors import UnknownNameError
 from .legality import FusionKinds
+from .passes.combine_siblings import combine_siblings
 from .passes.fuse_by_cost_model import FuseByCostModel
 from .passes.split_to_slices import SplitToSlices
 from .search import SearchConfig
@@ -49,16 +50,20 @@ def fusion_mode(value: str | FusionMode) -> FusionMode:
 
 
 def prepare_passes(
-    backend: Backend | None = None, kinds: FusionKinds | None = None
+    backend: Backend | None = None,
+    kinds: FusionKinds | None = None,
+    hw: HardwareSpec | None = None,
 ) -> list[tvm.transform.Pass]:
-    """Inference simplifications (BatchNorm folded into conv weights unless switched off),
-    legalization and annotation."""
+    """Inference simplifications, the graph-level fusion kinds (BatchNorm folded into conv
+    weights, sibling matmuls combined), legalization and annotation."""
     layout = list(backend.layout_passes()) if backend is not None else []
     kinds = kinds or FusionKinds()
     fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
+    siblings = [combine_siblings(hw or get_hardware("host"))] if kinds.siblings else []
     return [
         *fold,
         relax.transform.DecomposeOpsForInference(),
+        *siblings,
         SplitToSlices(),
         relax.transform.CanonicalizeBindings(),
         *layout,
@@ -130,7 +135,8 @@ def make_pipeline(
     sched = [ApplyTargetSchedule(backend, hw)] if schedule else []
     return PipelineParts(
         prepare=tvm.transform.Sequential(
-            prepare_passes(backend, (config or SearchConfig()).kinds), name="fusion_tvm.prepare"
+            prepare_passes(backend, (config or SearchConfig()).kinds, hw),
+            name="fusion_tvm.prepare",
         ),
         fuse=tvm.transform.Sequential(
             fuse + [relax.transform.DeadCodeElimination()], name="fusion_tvm.fuse"

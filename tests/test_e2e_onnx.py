@@ -231,3 +231,21 @@ def test_real_exports_through_our_pipeline(name):
         out = cm.run(feeds)
         for a, r in zip(out, ref, strict=True):
             np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)
+
+
+def test_sibling_matmuls_combined_when_predicted_faster():
+    """T5's Q/K/V projections share their input: one matmul instead of three."""
+    from pathlib import Path
+
+    from fusion_tvm.legality import FusionKinds
+    from fusion_tvm.search import SearchConfig
+
+    model = onnx.load(str(Path(__file__).parent / "data" / "t5_tiny.onnx"))
+    off = SearchConfig(kinds=FusionKinds(siblings=False))
+    with_siblings = fusion_tvm.compile(model, hw="ci-x86-avx2", schedule=False)
+    without = fusion_tvm.compile(model, hw="ci-x86-avx2", schedule=False, search=off)
+    assert with_siblings.num_kernels < without.num_kernels
+    rng = np.random.default_rng(3)
+    feeds = {i.name: rng.integers(0, 50, (1, 6)).astype("int64") for i in model.graph.input}
+    for a, b in zip(with_siblings.run(feeds), without.run(feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -53,7 +53,7 @@ class RooflineCostModel(CostModel):
 
     def __init__(self, hw, backend=None):
         super().__init__(hw, backend)
-        self._cache: dict[tuple, Cost] = {}
+        self._cache: dict[tuple, tuple[FusionGraph, Cost]] = {}
 
     # ------------------------------------------------------------------ helpers
     def bandwidth_for(self, nbytes: float) -> float:
@@ -76,12 +76,13 @@ class RooflineCostModel(CostModel):
 
     # ----------------------------------------------------------------- estimate
     def estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
+        # The cache holds the graph itself, so an id is never reused while its entry lives.
         key = (id(graph), tuple(sorted(graph.dims.items())), group)
         hit = self._cache.get(key)
-        if hit is not None:
-            return hit
+        if hit is not None and hit[0] is graph:
+            return hit[1]
         cost = self._estimate(graph, group)
-        self._cache[key] = cost
+        self._cache[key] = (graph, cost)
         return cost
 
     def _estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
