@@ -58,11 +58,12 @@ def conv_bn_residual(bb, x, w, m, s, r):  # conv + BN (sub/div/mul/add) + residu
     return bb.emit_te(topi.nn.relu, bb.emit_te(topi.add, y, r))
 
 
-def layernorm_prefix_two_outputs(bb, x):  # centred rows *and* their std leave the group
+def layernorm_prefix_two_outputs(bb, x, r):  # centred rows *and* their std leave the group
     width = float(x.ty.shape[-1].value)
-    d = bb.emit_te(topi.subtract, x, bb.emit_te(lambda a: topi.sum(a, axis=1, keepdims=True)
+    x = bb.emit_te(topi.add, x, r)  # residual broadcast over the batch axis
+    d = bb.emit_te(topi.subtract, x, bb.emit_te(lambda a: topi.sum(a, axis=-1, keepdims=True)
                                                 / width, x))
-    std = bb.emit_te(lambda a: topi.sqrt(topi.sum(a * a, axis=1, keepdims=True) / width), d)
+    std = bb.emit_te(lambda a: topi.sqrt(topi.sum(a * a, axis=-1, keepdims=True) / width), d)
     return relax.Tuple([d, std])
 
 
@@ -100,7 +101,13 @@ CASES = {
         "conv2d",
     ),
     "layernorm_prefix_two_outputs": (
-        layernorm_prefix_two_outputs, [var("x", (9, 64))], [rand(9, 64)], "reduction",
+        layernorm_prefix_two_outputs, [var("x", (9, 64)), var("r", (9, 64))],
+        [rand(9, 64), rand(9, 64)], "reduction",
+    ),
+    # 3-D with a kept unit axis: the row space is (1, 9), not (1, 9, 64) (BERT regression)
+    "layernorm_prefix_two_outputs_3d": (
+        layernorm_prefix_two_outputs, [var("x", (1, 9, 64)), var("r", (9, 64))],
+        [rand(1, 9, 64), rand(9, 64)], "reduction",
     ),
     "scores_and_mask_two_outputs": (
         scores_and_mask,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
@@ -35,6 +36,21 @@ from ._util import (
 def _leading_spatial(sch: s_tir.Schedule, block: SBlockRV) -> int:
     kinds = iter_kinds(sch, block)
     return len(kinds) - len(kinds.lstrip("S"))
+
+
+def _shared_rows(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:
+    """Leading spatial iterators every block shares, with equal extents: the row space.
+
+    A block's third spatial axis may be a column (768) in one block and a kept unit
+    dimension (1) in a reduction: only the common prefix is a row.
+    """
+    rows = min(_leading_spatial(sch, b) for b in blocks)
+    doms = [[iv.dom.extent for iv in sch.get(b).iter_vars] for b in blocks]
+    for r in range(rows):
+        first = doms[0][r]
+        if not all(tvm_ffi.structural_equal(d[r], first) for d in doms[1:]):
+            return r
+    return rows
 
 
 def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first: int) -> None:
@@ -159,7 +175,7 @@ class Reduction(ScheduleRule):
         window = _schedule_window(sch, blocks, hw)
         if window is not None:
             return window
-        rows = min(_leading_spatial(sch, b) for b in blocks)
+        rows = _shared_rows(sch, blocks)
         if rows == 0:
             return None
         width = lanes(hw, dtype_bits(sch, blocks[-1]))
