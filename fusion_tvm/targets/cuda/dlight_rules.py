@@ -7,12 +7,17 @@ and takes the first schedule of a list.
 
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
+from .verify import lowers
+
+logger = logging.getLogger(__name__)
 
 
 class DlightRule(ScheduleRule):
@@ -26,19 +31,27 @@ class DlightRule(ScheduleRule):
         The dlight rule instance.
     """
 
-    def __init__(self, name: str, rule):
+    def __init__(self, name: str, rule, verify: bool = True):
         self.name = name
         self.rule = rule
+        self.verify = verify
 
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
     ) -> s_tir.Schedule | None:
         # TIR nodes are immutable: dlight schedules a copy-on-write module of ``func``.
         space = self.rule.apply(func, target, False)
+        if isinstance(space, (list, tuple)):
+            space = space[0] if space else None
         if space is None:
             return None
-        if isinstance(space, (list, tuple)):
-            return space[0] if space else None
+        if self.verify:
+            # dlight can return schedules TVM cannot lower (a matmul whose epilogue feeds
+            # several sliced outputs: "reindex_pad used before its definition"): decline.
+            error = lowers(space, target)
+            if error is not None:
+                logger.debug("dlight %s schedule does not lower: %s", self.name, error)
+                return None
         return space
 
     def __repr__(self) -> str:
