@@ -73,8 +73,8 @@ class Progress:
 class ShapeHint:
     """``N=8`` or ``N=1..64``: the value a symbolic dim takes for the cost model.
 
-    A range is priced at its geometric midpoint (for now); the range itself is kept for the
-    JSON output so later versions can specialise.
+    ``value`` is the geometric midpoint of a range; the cost model evaluates the plan over
+    the whole range (:meth:`for_cost_model`).
     """
 
     name: str
@@ -82,6 +82,10 @@ class ShapeHint:
     low: int | None = None
     high: int | None = None
     text: str = ""
+
+    def for_cost_model(self) -> int | tuple[int, int]:
+        """What the search gets: the range itself, or the single value."""
+        return (self.low, self.high) if self.low is not None else self.value
 
     def to_json(self) -> dict:
         """``{"value": 8, "range": [1, 64]}`` (range null for a single value)."""
@@ -154,6 +158,11 @@ def check_hints(hints: Sequence[ShapeHint], loaded) -> dict[str, int]:
     return {h.name: h.value for h in hints}
 
 
+def cost_hints(hints: Sequence[ShapeHint]) -> dict[str, int | tuple[int, int]]:
+    """Hints for the cost model: ranges stay ranges."""
+    return {h.name: h.for_cost_model() for h in hints}
+
+
 # ---------------------------------------------------------------------------------- helpers
 def _load(path: str, progress: Progress):
     from .frontend import load_model
@@ -203,7 +212,7 @@ def _write_text(path: str, text: str, what: str) -> None:
         raise UserInputError(f"cannot write {what} '{path}': {err.strerror or err}") from err
 
 
-def search_plan(loaded, target: str, hw: str | None, shape_hints: dict[str, int],
+def search_plan(loaded, target: str, hw: str | None, shape_hints: dict,
                 progress: Progress):
     """Run the pipeline's prepare + fuse phases only (no build) and return the plan."""
     from .pipeline import make_pipeline
@@ -232,7 +241,8 @@ def cmd_plan(args, progress: Progress) -> int:
     if args.html:
         _check_out_dir(args.html)
     loaded = _load(args.model, progress)
-    plan = search_plan(loaded, args.target, args.hw, check_hints(hints, loaded), progress)
+    check_hints(hints, loaded)
+    plan = search_plan(loaded, args.target, args.hw, cost_hints(hints), progress)
     if args.html:
         from .report import render_html
 
@@ -306,7 +316,7 @@ def cmd_compile(args, progress: Progress) -> int:
                                  f"dim(s) {unset} with --shape (e.g. --shape {unset[0]}=1)")
         hinted = {k: v for k, v in shape_hints.items() if k not in fixed_dims}
     else:
-        hinted = shape_hints
+        hinted = cost_hints(hints)
     with progress.step("searching, scheduling and building"):
         cm = fusion_tvm.compile(model, target=args.target, hw=args.hw, shape_hints=hinted,
                                 **extra)
@@ -538,7 +548,7 @@ def cmd_bench(args, progress: Progress) -> int:
     for label, fusion in (("ours", "cost"), ("fuseops", "fuseops")):
         with progress.step(f"building {label}"):
             cm = fusion_tvm.compile(loaded.mod, target=args.target, hw=args.hw, fusion=fusion,
-                                    shape_hints=shape_hints)
+                                    shape_hints=cost_hints(hints))
         kernels[label] = cm.num_kernels
         if cm.plan is not None:
             predicted = cm.plan
@@ -614,7 +624,8 @@ def cmd_explain(args, progress: Progress) -> int:
     hints = parse_shape_hints(args.shape)
     _check_target_hw(args)
     loaded = _load(args.model, progress)
-    plan = search_plan(loaded, args.target, args.hw, check_hints(hints, loaded), progress)
+    check_hints(hints, loaded)
+    plan = search_plan(loaded, args.target, args.hw, cost_hints(hints), progress)
     a, b = args.ops
     exp, notes = explain_ops(plan, a, b)
     for n in notes:
