@@ -26,6 +26,7 @@ from tvm.s_tir.dlight.base import try_inline
 
 from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
+from .verify import lowers
 
 
 def _is_contraction(sch: s_tir.Schedule, block) -> bool:
@@ -91,4 +92,5 @@ class SimtContraction(ScheduleRule):
             sch.decompose_reduction(block, r_loops[0])
             if vec > 1:
                 sch.unroll(sch.get_loops(block)[-1])
-        return sch
+        # Decline rather than hand the build a kernel TVM cannot lower.
+        return sch if lowers(sch, target) is None else None

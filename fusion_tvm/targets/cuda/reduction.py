@@ -27,6 +27,7 @@ from tvm.s_tir.schedule import ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
+from .verify import lowers
 
 
 def _threads_for(extent: int | None, cap: int) -> int:
@@ -111,7 +112,8 @@ class RowReduction(ScheduleRule):
             sch.bind(bx, "blockIdx.x")
             sch.bind(tx, "threadIdx.x")
             row_loop = bx
-        return sch
+        # Decline rather than hand the build a kernel TVM cannot lower.
+        return sch if lowers(sch, target) is None else None
 
 
 def _fuse(sch: s_tir.Schedule, block, loops: list):
