@@ -159,3 +159,15 @@ def test_rank0_input():
     x = np.ones((2, 3), np.float32)
     (y,) = fusion_tvm.compile(model, hw=HW).run({"x": x, "c": np.array(2.0, np.float32)})
     np.testing.assert_array_equal(y, x + 2)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "llvm_cpu elementwise rule vectorises tirx.cosh / tirx.sinh, which LLVM codegen has no "
+    "vector lowering for: 'unknown intrinsic tirx.cosh' (erf is already kept scalar)"))
+@pytest.mark.parametrize("op", ["Cosh", "Sinh"])
+def test_hyperbolic_ops_schedule(op):
+    """ONNX node test test_cosh (stock passes, ours fails; schedule=False builds)."""
+    model = _model([helper.make_node(op, ["x"], ["y"])], [("x", [3, 4])], [("y", [3, 4])])
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    (y,) = fusion_tvm.compile(model, hw=HW, fusion="none", schedule=True).run({"x": x})
+    np.testing.assert_allclose(y, getattr(np, op.lower())(x), rtol=1e-5)
