@@ -96,12 +96,16 @@ class DataType:
 
     @property
     def accum_ctype(self) -> str:
-        """Accumulators: 16 more fractional and 10 more integer bits, at most 32 bits."""
+        """Accumulators: 6 more integer bits (sums of up to 64 terms) and up to 8 more
+        fractional bits, within the 32 bits the C-simulation type supports."""
         if not self.is_fixed:
             return self.ctype
         frac = self.width - self.int_bits
-        ib = self.int_bits + 10
-        w = min(32, ib + frac + 6)
+        ib = self.int_bits + 6
+        frac_a = max(frac, min(frac + 8, 32 - ib))
+        if ib + frac_a > 32:  # keep the fraction, give up integer headroom
+            ib = max(self.int_bits, 32 - frac_a)
+        w = min(ib + frac_a, 32)
         tail = self.ctype[self.ctype.index(",", self.ctype.index(",") + 1):] \
             if self.ctype.count(",") >= 2 else ">"
         return f"ap_fixed<{w}, {ib}{tail}"
