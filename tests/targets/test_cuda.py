@@ -280,3 +280,31 @@ def test_compile_api_builds_for_cuda_without_a_device():
     assert cm.num_kernels == cm.plan.num_kernels == 4
     assert str(cm.device).startswith("cuda")
     assert cm.target.kind.name == "cuda" and str(cm.target.attrs["arch"]) == "sm_80"
+
+
+# --------------------------------------------------------------------- benchmarks/gpu_check
+@needs_nvcc
+def test_gpu_check_dry_run_builds_and_checks_with_nvcc(tmp_path):
+    import json
+
+    from benchmarks import gpu_check
+
+    out = tmp_path / "gpu_check.json"
+    rc = gpu_check.main(["--dry-run", "--small", "--models", "mlp", "--hw", "a100",
+                         "--out", str(out), "--workdir", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["info"]["arch"] == "sm_80" and doc["info"]["dry_run"] is True
+    row = doc["models"][0]
+    assert row["ok"] and row["ours"]["kernels"] >= 4 and row["ours"]["nvcc_s"] > 0
+    assert row["tvm_default"]["kernels"] >= 1 and row["tvm_default"]["nvcc_s"] > 0
+
+
+def test_gpu_check_needs_a_gpu_or_dry_run(tmp_path):
+    from benchmarks import gpu_check
+
+    if gpu_check.gpu_available():
+        pytest.skip("a GPU is visible here")
+    assert gpu_check.main(["--models", "mlp", "--out", str(tmp_path / "x.json")]) == 2
+    assert gpu_check.main(["--dry-run", "--models", "alexnet"]) == 2
+    assert gpu_check.main(["--dry-run", "--hw", "ci-x86-avx2"]) == 2
