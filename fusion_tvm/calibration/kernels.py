@@ -1,0 +1,125 @@
+"""The kernels of a compiled model, one per plan group, each timed alone.
+
+:func:`plan_kernels` pairs every :class:`~fusion_tvm.plan.GroupPlan` with the scheduled
+PrimFunc that FuseTIR made of it in ``cm.fused_mod`` and with the cost model's breakdown;
+:func:`time_kernel` builds one such PrimFunc as a module of its own and times it on random
+inputs shaped from its buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from ..grouping import _group_name
+from ..passes.apply_target_schedule import RULE_ATTR
+from ..plan import GroupPlan, is_kernel
+from ._timing import Runner
+
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+@dataclass
+class Kernel:
+    """One kernel of a plan: its group, its PrimFunc and the model's prediction."""
+
+    group: GroupPlan
+    func_name: str
+    func: tirx.PrimFunc | None
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def rule(self) -> str:
+        if self.func is not None and self.func.attrs is not None and RULE_ATTR in self.func.attrs:
+            return str(self.func.attrs[RULE_ATTR])
+        return self.group.rule
+
+
+def _callees(mod: tvm.IRModule, function: str) -> dict[str, list[str]]:
+    """Binding var name -> PrimFunc names called by ``call_tir`` bound to it, in ``function``."""
+    out: dict[str, list[str]] = {}
+    if function not in [gv.name_hint for gv in mod.get_global_vars()]:
+        return out
+    func = mod[function]
+    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+        return out
+    for block in func.body.blocks:
+        for b in block.bindings:
+            v = getattr(b, "value", None)
+            if isinstance(v, relax.Call) and v.op.same_as(CALL_TIR):
+                out.setdefault(b.var.name, []).append(v.args[0].name_hint)
+    return out
+
+
+def plan_kernels(cm) -> list[Kernel]:
+    """Every kernel of ``cm.plan`` with its scheduled PrimFunc (``func`` None if not found)."""
+    plan = cm.plan
+    if plan is None:
+        raise ValueError("the compiled model has no fusion plan (compile with fusion='cost')")
+    mod = cm.fused_mod
+    prims = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+    model = plan.cost_model_obj
+    callees = {}
+    groups = iter(plan.groups)
+    kernels = []
+    for block in plan.blocks:
+        graph = block.graph
+        for g in block.groups:
+            if not is_kernel(graph, g):
+                continue
+            gp = next(groups)
+            members = sorted(g)
+            expect = graph.nodes[members[0]].func_name if len(members) == 1 \
+                else _group_name(graph, members)
+            if gp.function not in callees:
+                callees[gp.function] = _callees(mod, gp.function)
+            called = [c for op in gp.ops for c in callees[gp.function].get(op, [])]
+            name = next((c for c in called if c == expect), None)
+            name = name or next((c for c in called if c.startswith(expect)), None)
+            if name is None and expect in prims:
+                name = expect
+            detail = dict(model.estimate(graph, g).detail) if model is not None else {}
+            kernels.append(Kernel(gp, name or expect, prims.get(name), detail))
+    return kernels
+
+
+# ------------------------------------------------------------------------------- timing
+def _random(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    if dtype.startswith("float"):
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype == "bool":
+        return np.ones(shape, dtype=bool)
+    # Integer tensors are indices or token ids: zero is in range for every gather.
+    return np.zeros(shape, dtype=dtype)
+
+
+def prim_inputs(func: tirx.PrimFunc, rng: np.random.Generator) -> list[np.ndarray]:
+    """Random arrays for every buffer parameter of ``func`` (static shapes only)."""
+    arrays = []
+    for buf in func.params:
+        shape = getattr(buf, "shape", None)
+        if shape is None:
+            raise ValueError(f"parameter {buf.name} is not a buffer (symbolic shape parameter)")
+        dims = []
+        for d in shape:
+            if not isinstance(d, tvm.tirx.IntImm):
+                raise ValueError(f"buffer {buf.name} has a symbolic shape {list(shape)}")
+            dims.append(int(d))
+        arrays.append(_random(tuple(dims), str(buf.dtype), rng))
+    return arrays
+
+
+def standalone_module(func: tirx.PrimFunc) -> tvm.IRModule:
+    """``func`` as the ``main`` of a module of its own."""
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def time_kernel(runner: Runner, func: tirx.PrimFunc, seed: int = 0) -> float:
+    """Median seconds of one call of ``func`` alone on random inputs."""
+    rng = np.random.default_rng(seed)
+    args = [runner.tensor(a) for a in prim_inputs(func, rng)]
+    module = runner.build_prim(standalone_module(func))
+    return runner.time_prim(module, args)

@@ -1,0 +1,352 @@
+"""Micro-benchmarks that turn a preset :class:`HardwareSpec` into a measured one.
+
+Three families, all built from our own TIR (TVMScript) or our own pipeline:
+
+* **bandwidth** of each memory level: streams over buffers sized to fit the level. On-chip
+  levels run a triad ``B = 0.5 * B + A`` repeated inside one kernel (so the thread-pool
+  start is amortised); off-chip memory runs one copy ``B = A`` over buffers several times the
+  last cache. Bytes are counted the way the roofline model counts them (every tensor read
+  and written once per pass).
+* **launch overhead** of the Relax VM: a chain of ``k`` tiny kernels, time against ``k``; the
+  slope is the cost of one kernel call in a model.
+* **rule efficiency**: representative workloads compiled with our pipeline (so each kernel
+  is scheduled by the llvm_cpu rule that would handle it in a model); for every kernel,
+  efficiency = roofline time under the spec / measured body time, the definition the
+  roofline cost model uses (``time = launch + max(compute, memory) / efficiency +
+  internal``). A rule's figure is the geometric mean over its kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.script import tirx as T
+
+from ..cost_models.hardware import HardwareSpec, MemoryLevel
+from ._timing import Runner
+from .kernels import plan_kernels, time_kernel
+
+RULES = ("matmul", "conv2d", "reduction", "elementwise", "fallback")
+
+
+# ------------------------------------------------------------------------------ bandwidth
+def triad_func(cores: int, rows: int, lanes: int, reps: int):
+    """``reps`` passes of ``B = 0.5 * B + A`` over ``cores`` private slices, in parallel."""
+
+    @T.prim_func
+    def main(A: T.Buffer((cores, rows, lanes), "float32"),
+             B: T.Buffer((cores, rows, lanes), "float32")):
+        for c in T.parallel(cores):
+            for r in range(reps):
+                for i in range(rows):
+                    for j in T.vectorized(lanes):
+                        B[c, i, j] = B[c, i, j] * T.float32(0.5) + A[c, i, j]
+
+    return main
+
+
+def copy_func(cores: int, rows: int, lanes: int):
+    """One parallel pass of ``B = A``."""
+
+    @T.prim_func
+    def main(A: T.Buffer((cores, rows, lanes), "float32"),
+             B: T.Buffer((cores, rows, lanes), "float32")):
+        for c in T.parallel(cores):
+            for i in range(rows):
+                for j in T.vectorized(lanes):
+                    B[c, i, j] = A[c, i, j]
+
+    return main
+
+
+@dataclass
+class BandwidthResult:
+    level: str
+    tensor_bytes: int
+    bytes_per_s: float
+    seconds: float
+
+
+def measure_level(runner: Runner, hw: HardwareSpec, level: MemoryLevel, fraction: float,
+                  off_chip: bool) -> BandwidthResult:
+    """Bandwidth of ``level`` with each tensor sized to ``fraction`` of its capacity."""
+    cores, lanes = hw.num_cores, hw.simd_lanes_fp32
+    if off_chip:
+        last = max(lvl.capacity_bytes * (1 if lvl.shared else cores) for lvl in hw.on_chip) \
+            if hw.on_chip else 32 << 20
+        total = int(2 * last * fraction * 4)  # several times the last cache
+    else:
+        total = int(level.capacity_bytes * fraction * (1 if level.shared else cores))
+    rows = max(1, total // (4 * lanes * cores))
+    tensor_bytes = 4 * lanes * cores * rows
+    if off_chip:
+        func, traffic = copy_func(cores, rows, lanes), 2 * tensor_bytes
+    else:
+        reps = max(1, int((48 << 20) // (3 * tensor_bytes)))
+        func, traffic = triad_func(cores, rows, lanes, reps), 3 * tensor_bytes * reps
+    module = runner.build_prim(tvm.IRModule({"main": func}))
+    shape = (cores, rows, lanes)
+    args = [runner.tensor(np.full(shape, 0.5, "float32")) for _ in range(2)]
+    seconds = runner.time_prim(module, args)
+    return BandwidthResult(level.name, tensor_bytes, traffic / seconds, seconds)
+
+
+def measure_bandwidth(runner: Runner, hw: HardwareSpec, thorough: bool = False
+                      ) -> list[BandwidthResult]:
+    """One figure per memory level (the median over sizes when ``thorough``)."""
+    fractions = (0.15, 0.25, 0.35) if thorough else (0.25,)
+    out = []
+    for k, level in enumerate(hw.memory):
+        off_chip = k == len(hw.memory) - 1
+        runs = [measure_level(runner, hw, level, f, off_chip) for f in fractions]
+        runs.sort(key=lambda r: r.bytes_per_s)
+        out.append(runs[len(runs) // 2])
+    return out
+
+
+def monotone(bandwidths: Sequence[float]) -> list[float]:
+    """Bandwidths made non-increasing outwards (an outer level is never faster: a noisy
+    inner measurement takes the outer figure)."""
+    out = list(bandwidths)
+    for k in range(len(out) - 2, -1, -1):
+        out[k] = max(out[k], out[k + 1])
+    return out
+
+
+# -------------------------------------------------------------------------- VM overhead
+def _tiny_add():
+    from tvm import te
+
+    a = te.placeholder((4,), "float32", name="A")
+    b = te.compute((4,), lambda i: a[i] + tvm.tirx.const(1, "float32"), name="B")
+    return te.create_prim_func([a, b])
+
+
+def chain_module(k: int) -> tvm.IRModule:
+    """A Relax ``main`` calling one tiny PrimFunc ``k`` times in a row."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    gv = bb.add_func(_tiny_add(), "add_one")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            for _ in range(k):
+                y = bb.emit(relax.call_tir(gv, (y,), relax.TensorType((4,), "float32")))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def measure_launch(runner: Runner, thorough: bool = False) -> tuple[float, dict[int, float]]:
+    """Per-kernel cost of the Relax VM: least-squares slope of time against chain length."""
+    from ..pipeline import lower_passes
+
+    ks = (1, 16, 32, 64, 128) if thorough else (1, 32, 96)
+    lower = tvm.transform.Sequential(lower_passes())
+    times = {}
+    for k in ks:
+        vm = runner.build_vm(chain_module(k), relax_pipeline=lower)
+        times[k] = runner.time_vm(vm, [runner.tensor(np.zeros(4, "float32"))])
+    x = np.array(ks, dtype=float)
+    y = np.array([times[k] for k in ks])
+    slope = float(np.polyfit(x, y, 1)[0])
+    return max(slope, 1e-8), times
+
+
+def measure_call(runner: Runner) -> float:
+    """Seconds of one direct (no VM) call of a tiny kernel: what a standalone timing of a
+    kernel carries besides its body."""
+    module = runner.build_prim(tvm.IRModule({"main": _tiny_add().with_attr("global_symbol",
+                                                                         "main")}))
+    args = [runner.tensor(np.zeros(4, "float32")) for _ in range(2)]
+    return runner.time_prim(module, args)
+
+
+# ------------------------------------------------------------------------ rule workloads
+def _module(build: Callable[[relax.BlockBuilder, list], relax.Expr], params) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    args = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in params]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, args))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _matmul(m, k, n):
+    def build(bb, a):
+        y = bb.emit(relax.op.matmul(a[0], a[1]))
+        return bb.emit(relax.op.add(y, a[2]))
+    return _module(build, [("x", (m, k)), ("w", (k, n)), ("b", (n,))])
+
+
+def _conv(c, hw_, o, r):
+    def build(bb, a):
+        y = bb.emit(relax.op.nn.conv2d(a[0], a[1], padding=r // 2))
+        return bb.emit(relax.op.nn.relu(y))
+    return _module(build, [("x", (1, c, hw_, hw_)), ("w", (o, c, r, r))])
+
+
+def _softmax(m, n):
+    return _module(lambda bb, a: bb.emit(relax.op.nn.softmax(a[0])), [("x", (m, n))])
+
+
+def _layernorm(m, n):
+    def build(bb, a):
+        return bb.emit(relax.op.nn.layer_norm(a[0], a[1], a[2], axes=[-1]))
+    return _module(build, [("x", (m, n)), ("g", (n,)), ("b", (n,))])
+
+
+def _bias_relu(m, n):
+    def build(bb, a):
+        return bb.emit(relax.op.nn.relu(relax.op.add(a[0], a[1])))
+    return _module(build, [("x", (m, n)), ("b", (n,))])
+
+
+def _transpose(a, b, c):
+    def build(bb, x):
+        y = bb.emit(relax.op.permute_dims(x[0], [1, 0, 2]))
+        return bb.emit(relax.op.add(y, y))
+    return _module(build, [("x", (a, b, c))])
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    build: Callable[[], tvm.IRModule]
+
+
+def workloads(thorough: bool = False) -> list[Workload]:
+    """Representative workloads, a few sizes each (more when ``thorough``)."""
+    w = [
+        Workload("matmul_64x256x256", lambda: _matmul(64, 256, 256)),
+        Workload("matmul_256x512x512", lambda: _matmul(256, 512, 512)),
+        Workload("conv_16x32x32_3x3", lambda: _conv(16, 32, 16, 3)),
+        Workload("conv_32x16x16_3x3", lambda: _conv(32, 16, 64, 3)),
+        Workload("softmax_64x256", lambda: _softmax(64, 256)),
+        Workload("layernorm_256x512", lambda: _layernorm(256, 512)),
+        Workload("bias_relu_64x256", lambda: _bias_relu(64, 256)),
+        Workload("bias_relu_512x1024", lambda: _bias_relu(512, 1024)),
+        Workload("transpose_16x64x32", lambda: _transpose(16, 64, 32)),
+    ]
+    if thorough:
+        w += [
+            Workload("matmul_16x128x512", lambda: _matmul(16, 128, 512)),
+            Workload("matmul_512x1024x1024", lambda: _matmul(512, 1024, 1024)),
+            Workload("conv_64x56x56_3x3", lambda: _conv(64, 56, 64, 3)),
+            Workload("conv_8x32x32_1x1", lambda: _conv(8, 32, 32, 1)),
+            Workload("softmax_256x1024", lambda: _softmax(256, 1024)),
+            Workload("layernorm_16x64", lambda: _layernorm(16, 64)),
+            Workload("bias_relu_16x64", lambda: _bias_relu(16, 64)),
+            Workload("transpose_64x128x64", lambda: _transpose(64, 128, 64)),
+        ]
+    return w
+
+
+@dataclass
+class KernelEfficiency:
+    workload: str
+    kernel: str
+    rule: str
+    roofline_s: float
+    internal_s: float
+    measured_s: float
+    efficiency: float
+
+
+def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> float:
+    """The efficiency that makes the model predict ``body_s`` for this kernel, in (0, 1.5]."""
+    spent = body_s - internal_s
+    if spent <= 0:
+        return 1.5
+    return float(min(1.5, max(1e-3, roofline_s / spent)))
+
+
+def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: bool = False,
+                  log: Callable[[str], None] | None = None) -> list[KernelEfficiency]:
+    """Efficiency of every kernel of the representative workloads (``hw`` supplies the
+    roofline: peaks and the calibrated bandwidths)."""
+    from ..api import compile as ft_compile
+
+    probe = replace(hw, efficiency={r: 1.0 for r in RULES}, launch_overhead_s=0.0)
+    out = []
+    for w in workloads(thorough):
+        cm = ft_compile(w.build(), target=_target_kind(runner), hw=probe)
+        for k in plan_kernels(cm):
+            if k.func is None or not k.detail:
+                continue
+            roof = max(k.detail.get("compute_s", 0.0), k.detail.get("memory_s", 0.0))
+            internal = k.detail.get("internal_s", 0.0)
+            measured = time_kernel(runner, k.func)
+            eff = kernel_efficiency(roof, internal, max(measured - call_s, 1e-9))
+            out.append(KernelEfficiency(w.name, k.func_name, k.rule, roof, internal, measured,
+                                        eff))
+            if log:
+                log(f"  {w.name:<22} {k.func_name[:40]:<40} {k.rule:<11} "
+                    f"{measured * 1e6:9.1f} us  eff {eff:.3f}")
+    return out
+
+
+def _target_kind(runner: Runner) -> str:
+    return str(runner.target.kind.name)
+
+
+def aggregate(effs: Sequence[KernelEfficiency]) -> dict[str, float]:
+    """Geometric mean of the efficiencies of each rule's kernels."""
+    by_rule: dict[str, list[float]] = {}
+    for e in effs:
+        by_rule.setdefault(e.rule, []).append(e.efficiency)
+    return {r: float(math.exp(np.mean(np.log(v)))) for r, v in by_rule.items()}
+
+
+# -------------------------------------------------------------------------------- driver
+@dataclass
+class CalibrationResult:
+    """Everything measured, and the spec made of it."""
+
+    spec: HardwareSpec
+    bandwidth: list[BandwidthResult] = field(default_factory=list)
+    launch_s: float = 0.0
+    chain_s: dict[int, float] = field(default_factory=dict)
+    call_s: float = 0.0
+    kernels: list[KernelEfficiency] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+
+        return {
+            "spec": self.spec.to_json(),
+            "bandwidth": [asdict(b) for b in self.bandwidth],
+            "launch_s": self.launch_s,
+            "chain_s": {str(k): v for k, v in self.chain_s.items()},
+            "call_s": self.call_s,
+            "kernels": [asdict(k) for k in self.kernels],
+        }
+
+
+def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
+                    log: Callable[[str], None] | None = None,
+                    rules: bool = True) -> CalibrationResult:
+    """Measure ``base``'s device through ``runner``; return the calibrated spec and the data."""
+    say = log or (lambda _m: None)
+    bw = measure_bandwidth(runner, base, thorough)
+    for b in bw:
+        say(f"bandwidth {b.level:<5} {b.tensor_bytes / 1024:>10.0f} KiB tensors "
+            f"{b.bytes_per_s / 1e9:8.1f} GB/s")
+    fixed = monotone([b.bytes_per_s for b in bw])
+    memory = tuple(replace(lvl, bandwidth_bytes_per_s=v) for lvl, v in zip(base.memory, fixed,
+                                                                             strict=True))
+    launch, chain = measure_launch(runner, thorough)
+    call = measure_call(runner)
+    say(f"VM launch overhead {launch * 1e6:.2f} us/kernel (direct call {call * 1e6:.2f} us)")
+    spec = replace(base, name=f"{base.name}-calibrated", memory=memory, launch_overhead_s=launch)
+    effs = measure_rules(runner, spec, call, thorough, say) if rules else []
+    if effs:
+        spec = spec.with_efficiency(aggregate(effs))
+        say("efficiency: " + ", ".join(f"{k}={v:.3f}" for k, v in spec.efficiency.items()))
+    return CalibrationResult(spec, bw, launch, chain, call, effs)

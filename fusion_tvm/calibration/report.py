@@ -1,0 +1,235 @@
+"""Prediction report: how well does the cost model predict what it fuses?
+
+For each model: every kernel of the plan (our partition) is timed alone (its scheduled
+PrimFunc built as a module of its own, random inputs) and set against the plan's
+per-group prediction; the whole model is timed with our partition and with FuseOps's (same
+schedules, same spec), interleaved, and the measured speedup is set against the plan's
+predicted one.
+
+Per-kernel comparison. A prediction includes the Relax VM's per-kernel overhead
+(``hw.launch_overhead_s``); a kernel timed alone carries a direct call instead
+(``call_s``, measured here). So the measured in-model time of a kernel is taken as
+``measured_alone - call_s + launch_overhead_s`` ("measured_in_vm_s"), and the body-only
+comparison (prediction minus the overhead against the time alone minus the call) is
+reported as well, so that the overhead cannot hide a poor body prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ._timing import Runner
+from .kernels import plan_kernels, time_kernel
+
+
+# ------------------------------------------------------------------------------- metrics
+def _ranks(x: Sequence[float]) -> np.ndarray:
+    """Ranks with ties averaged (1-based)."""
+    a = np.asarray(x, dtype=float)
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(len(a))
+    ranks[order] = np.arange(1, len(a) + 1)
+    for v in np.unique(a):
+        idx = a == v
+        if idx.sum() > 1:
+            ranks[idx] = ranks[idx].mean()
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (nan with fewer than 3 points or a constant side)."""
+    if len(x) < 3:
+        return float("nan")
+    rx, ry = _ranks(x), _ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def median_ape(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    """Median of ``|predicted - measured| / measured``."""
+    p, m = np.asarray(predicted, float), np.asarray(measured, float)
+    if not len(m):
+        return float("nan")
+    return float(np.median(np.abs(p - m) / m))
+
+
+# -------------------------------------------------------------------------------- rows
+@dataclass
+class KernelRow:
+    model: str
+    kernel: str
+    rule: str
+    ops: int
+    predicted_s: float
+    measured_s: float  # alone, direct call
+    measured_in_vm_s: float  # alone - call + VM launch overhead
+    predicted_body_s: float
+    measured_body_s: float
+
+
+@dataclass
+class ModelRow:
+    model: str
+    kernels: int
+    fuseops_kernels: int | None
+    predicted_s: float
+    predicted_fuseops_s: float | None
+    measured_s: float
+    measured_fuseops_s: float | None
+    predicted_speedup: float | None
+    measured_speedup: float | None
+    speedup_error: float | None
+    kernel_sum_measured_s: float
+    spearman: float
+    median_ape: float
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PredictionReport:
+    hardware: dict
+    call_s: float
+    kernels: list[KernelRow] = field(default_factory=list)
+    models: list[ModelRow] = field(default_factory=list)
+
+    # ---------------------------------------------------------------- summary
+    def summary(self) -> dict:
+        """Pooled per-kernel figures over every model, and the end-to-end errors."""
+        k = self.kernels
+        errs = [m.speedup_error for m in self.models if m.speedup_error is not None]
+        return {
+            "kernels": len(k),
+            "spearman": spearman([r.predicted_s for r in k], [r.measured_in_vm_s for r in k]),
+            "median_ape": median_ape([r.predicted_s for r in k],
+                                     [r.measured_in_vm_s for r in k]),
+            "spearman_body": spearman([r.predicted_body_s for r in k],
+                                      [r.measured_body_s for r in k]),
+            "median_ape_body": median_ape([r.predicted_body_s for r in k],
+                                          [r.measured_body_s for r in k]),
+            "spearman_raw": spearman([r.predicted_s for r in k], [r.measured_s for r in k]),
+            "median_ape_raw": median_ape([r.predicted_s for r in k], [r.measured_s for r in k]),
+            "median_speedup_error": float(np.median(errs)) if errs else float("nan"),
+            "max_speedup_error": float(np.max(errs)) if errs else float("nan"),
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "hardware": self.hardware,
+            "call_s": self.call_s,
+            "summary": self.summary(),
+            "models": [asdict(m) for m in self.models],
+            "kernels": [asdict(k) for k in self.kernels],
+        }
+
+    def table(self) -> str:
+        """Per-model lines and the pooled summary."""
+        lines = [
+            f"{'model':<16} {'kern':>4} {'rho':>6} {'MdAPE':>6} | {'pred ms':>8} {'meas ms':>8} "
+            f"| {'FO pred':>8} {'FO meas':>8} | {'pred x':>6} {'meas x':>6} {'err':>6}",
+        ]
+        for m in self.models:
+            def f(v, fmt):
+                return format(v, fmt) if v is not None and math.isfinite(v) else "-"
+            lines.append(
+                f"{m.model:<16} {m.kernels:>4} {f(m.spearman, '6.3f')} "
+                f"{f(100 * m.median_ape, '5.1f')}% | {m.predicted_s * 1e3:8.3f} "
+                f"{m.measured_s * 1e3:8.3f} | "
+                f"{f(m.predicted_fuseops_s and m.predicted_fuseops_s * 1e3, '8.3f')} "
+                f"{f(m.measured_fuseops_s and m.measured_fuseops_s * 1e3, '8.3f')} | "
+                f"{f(m.predicted_speedup, '6.3f')} {f(m.measured_speedup, '6.3f')} "
+                f"{f(m.speedup_error and 100 * m.speedup_error, '5.1f')}%"
+            )
+        s = self.summary()
+        lines += [
+            "",
+            f"all {s['kernels']} kernels: Spearman {s['spearman']:.3f}, median abs error "
+            f"{100 * s['median_ape']:.1f}% (prediction vs time alone + VM overhead)",
+            f"  body only: Spearman {s['spearman_body']:.3f}, median abs error "
+            f"{100 * s['median_ape_body']:.1f}%;  raw (vs time alone): Spearman "
+            f"{s['spearman_raw']:.3f}, median abs error {100 * s['median_ape_raw']:.1f}%",
+            f"end-to-end speedup over FuseOps: median error {100 * s['median_speedup_error']:.1f}%"
+            f", max {100 * s['max_speedup_error']:.1f}%",
+        ]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- measure
+def _time_model(runner: Runner, cm, feeds, rounds: int) -> list[float]:
+    args = [runner.tensor(np.ascontiguousarray(feeds[n])) for n in cm.input_names]
+    vm = runner.vm(cm.executable)
+    return [runner.time_vm(vm, args, repeat=3) for _ in range(rounds)]
+
+
+def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
+                 rounds: int = 5, log: Callable[[str], None] | None = None
+                 ) -> tuple[ModelRow, list[KernelRow]]:
+    """Per-kernel and end-to-end comparison for one model (ONNX model or path)."""
+    from ..api import compile as ft_compile
+
+    say = log or (lambda _m: None)
+    target = str(runner.target.kind.name)
+    ours = ft_compile(model, target=target, hw=hw)
+    base = ft_compile(model, target=target, hw=hw, fusion="fuseops")
+    launch = ours.hw.launch_overhead_s
+    rows, skipped = [], []
+    for k in plan_kernels(ours):
+        if k.func is None:
+            skipped.append(f"{k.group.name}: no PrimFunc found")
+            continue
+        try:
+            t = time_kernel(runner, k.func)
+        except Exception as err:  # noqa: BLE001 - one unbuildable kernel is reported, not fatal
+            skipped.append(f"{k.func_name}: {err}")
+            continue
+        pred = k.group.predicted_time_s
+        rows.append(KernelRow(
+            name, k.func_name, k.rule, len(k.group.ops), pred, t, max(t - call_s, 0) + launch,
+            max(pred - launch, 1e-12), max(t - call_s, 1e-12),
+        ))
+    # Whole models, interleaved so that a noisy neighbour slows both alike.
+    t_ours, t_base = [], []
+    vm_args = None
+    if runner.device is not None:
+        vm_ours, vm_base = runner.vm(ours.executable), runner.vm(base.executable)
+        vm_args = [runner.tensor(np.ascontiguousarray(feeds[n])) for n in ours.input_names]
+        for _ in range(rounds):
+            t_ours.append(runner.time_vm(vm_ours, vm_args, repeat=3))
+            t_base.append(runner.time_vm(vm_base, vm_args, repeat=3))
+    m_ours, m_base = float(np.median(t_ours)), float(np.median(t_base))
+    plan = ours.plan
+    p_speed = plan.predicted_speedup
+    m_speed = m_base / m_ours if m_ours > 0 else None
+    err = abs(p_speed - m_speed) / m_speed if p_speed and m_speed else None
+    row = ModelRow(
+        name, ours.num_kernels, base.num_kernels, plan.predicted_time_s, plan.fuseops_time_s,
+        m_ours, m_base, p_speed, m_speed, err, float(sum(r.measured_in_vm_s for r in rows)),
+        spearman([r.predicted_s for r in rows], [r.measured_in_vm_s for r in rows]),
+        median_ape([r.predicted_s for r in rows], [r.measured_in_vm_s for r in rows]),
+        skipped,
+    )
+    say(f"{name}: {len(rows)} kernels, rho {row.spearman:.3f}, MdAPE {100 * row.median_ape:.1f}%"
+        f", speedup predicted {p_speed or float('nan'):.3f} measured {m_speed:.3f}")
+    return row, rows
+
+
+def zoo_report(models: Sequence[str], hw, runner: Runner, call_s: float, small: bool = True,
+               rounds: int = 5, log: Callable[[str], None] | None = None) -> PredictionReport:
+    """The report over zoo models (``benchmarks.zoo`` must be importable)."""
+    from benchmarks import zoo
+
+    from ..cost_models.presets import get_hardware
+
+    spec = get_hardware(hw)
+    report = PredictionReport(spec.to_json(), call_s)
+    for name in models:
+        model = zoo.get_model(name, small=small)
+        feeds = zoo.example_inputs(model)
+        row, rows = model_report(name, model, feeds, spec, runner, call_s, rounds, log)
+        report.models.append(row)
+        report.kernels.extend(rows)
+    return report
