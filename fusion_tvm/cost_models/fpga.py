@@ -12,7 +12,8 @@ pipelined loop::
     cycles = ceil(trips / unroll) * II + depth
 
 with ``II`` 1, or the adder latency when the innermost loop carries a floating-point
-accumulation, and ``depth`` the pipeline latency of the operations in the body. DSP use
+accumulation (the schedule moves a wide enough spatial loop innermost to avoid it), and
+``depth`` the pipeline latency of the operations in the body. DSP use
 is the multiplies and adds of the body times the unroll factor (fp32 mul ~3 DSP, add ~2;
 fixed-point mul 1, adds in LUTs). BRAM counts 18 Kb blocks of the on-chip buffers and
 of the weights kept as ROM; weights that do not fit go off chip and are read at the
@@ -267,9 +268,17 @@ def estimate_group(graph: FusionGraph, group: Iterable[int], hw: HardwareSpec,
 
             trips = _elems(b.domain, dims)
             inner = int(evaluate(b.domain[-1], dims)) if b.domain else 1
+            accumulates = b.num_reduce_axes > 0
+            if accumulates and not fixed:
+                # the schedule moves a spatial loop covering the adder latency innermost
+                spatial = [int(evaluate(d, dims)) for d in b.domain[:len(b.domain)
+                                                                   - b.num_reduce_axes]]
+                wide = [e for e in spatial if e >= LATENCY["add"][0]]
+                if wide:
+                    accumulates, inner = False, wide[-1]
             streamed = external and not (node.is_reduction or node.is_contraction)
             nests.append(NestCost(f"{node.name}.{b.name}", trips, inner, nest_ops,
-                                  accumulates=b.num_reduce_axes > 0, stream_bound=streamed))
+                                  accumulates=accumulates, stream_bound=streamed))
         if inside and not external:
             buffers += bram_blocks(graph.tensors[node.outputs[0]].nbytes(dims) * 8 / 32, bits)
     # Stream hand-off: inputs read by a contraction / reduction are buffered first

@@ -112,8 +112,19 @@ class LeafBlock:
         inner = int_value(self.loops[-1].extent) if self.loops else 1
         ops: dict[str, float] = {}
         count_ops(self.block.body.value, ops)
-        return NestCost(self.name, trips, inner, ops, accumulates=self.has_reduce,
+        return NestCost(self.name, trips, inner, ops, accumulates=self.innermost_reduces,
                         stream_bound=stream_bound)
+
+    @property
+    def innermost_reduces(self) -> bool:
+        """Whether the innermost loop drives a reduction iter var (a carried accumulation)."""
+        if not self.has_reduce or not self.loops:
+            return self.has_reduce
+        var = self.loops[-1].loop_var
+        for iv, val in zip(self.block.iter_vars, self.realize.iter_values, strict=True):
+            if int(iv.iter_type) == 2 and _uses_var(val, var):
+                return True
+        return False
 
 
 def leaf_blocks(func: tirx.PrimFunc) -> list[LeafBlock]:
@@ -185,3 +196,9 @@ def stream_bound_blocks(func: tirx.PrimFunc) -> set[str]:
         for lb, *_ in acc.get(func.params[k].name, []):
             names.add(lb.name)
     return names
+
+
+def _uses_var(expr, var) -> bool:
+    if type(expr).__name__ == "Var":
+        return expr.same_as(var)
+    return any(_uses_var(c, var) for c in children(expr))

@@ -12,12 +12,13 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ...cost_models.fpga import FpgaConfig, choose_unroll
+from ...cost_models.fpga import LATENCY, FpgaConfig, choose_unroll
 from ..base import ScheduleRule
 from .analysis import (
     PIPELINE_ATTR,
     UNROLL_ATTR,
     alloc_buffers,
+    children,
     leaf_blocks,
     stream_bound_blocks,
 )
@@ -39,6 +40,44 @@ def _annotate(sch: s_tir.Schedule, hw, config: FpgaConfig) -> s_tir.Schedule:
         if nest.unroll > 1:
             sch.annotate(inner, UNROLL_ATTR, int(nest.unroll))
     return sch
+
+
+def _spatial_innermost(sch: s_tir.Schedule, lb) -> None:
+    """Move a spatial loop inside the reduction loops of an fp32 accumulation.
+
+    ``C[i, j] += A[i, k] * B[k, j]`` pipelined over ``k`` waits for the adder each
+    iteration (II = adder latency); with ``j`` innermost consecutive iterations update
+    different elements and the loop runs at II = 1 -- the usual HLS interchange. Only
+    when the spatial extent covers the adder latency.
+    """
+    if not lb.has_reduce or len(lb.loops) < 2:
+        return
+    kinds = []
+    for lp in lb.loops:
+        kind = None
+        for iv, val in zip(lb.block.iter_vars, lb.realize.iter_values, strict=True):
+            if _uses(val, lp.loop_var):
+                kind = "reduce" if int(iv.iter_type) == 2 else (kind or "spatial")
+        kinds.append(kind)
+    if kinds[-1] != "reduce":
+        return
+    spatial = [k for k, kind in enumerate(kinds) if kind == "spatial"
+               and int(lb.loops[k].extent.value) >= LATENCY["add"][0]]
+    if not spatial:
+        return
+    k = spatial[-1]
+    loops = sch.get_loops(sch.get_sblock(lb.name))
+    order = [loops[i] for i in range(k + 1, len(loops))] + [loops[k]]
+    try:
+        sch.reorder(*order)
+    except Exception:  # noqa: BLE001 - keep the original order when TVM refuses
+        return
+
+
+def _uses(expr, var) -> bool:
+    if type(expr).__name__ == "Var":
+        return expr.same_as(var)
+    return any(_uses(c, var) for c in children(expr))
 
 
 class HlsPipeline(ScheduleRule):
@@ -63,6 +102,9 @@ class HlsPipeline(ScheduleRule):
                 sch.compute_inline(sch.get_sblock(lb.name))
             except Exception:  # noqa: BLE001 - TVM refuses what it cannot inline; keep it
                 continue
+        if self.config.fixed_bits is None:
+            for lb in leaf_blocks(sch.mod["main"]):
+                _spatial_innermost(sch, lb)
         return _annotate(sch, hw, self.config)
 
 
