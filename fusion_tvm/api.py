@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -15,12 +16,15 @@ from .cost_models.hardware import HardwareSpec
 from .errors import InputMismatchError, UserInputError
 from .frontend import LoadedModel, load_model, load_torch
 from .graph import default_dims
+from .passes.apply_target_schedule import RULE_ATTR
 from .pipeline import FusionMode, fusion_mode, make_pipeline
 from .plan import FusionPlan
 from .search import SearchConfig
 from .shape_hints import check_names, sample_values
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+#: Name of the catch-all schedule rule; a fused group landing on it is split again.
+FALLBACK_RULE = "fallback"
 
 
 def count_kernels(mod: tvm.IRModule) -> int:
@@ -37,6 +41,20 @@ def count_kernels(mod: tvm.IRModule) -> int:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func.body, visit)
     return count
+
+
+def fallback_groups(mod: tvm.IRModule, plan: FusionPlan) -> list[tuple[str, int, frozenset]]:
+    """Multi-op groups of ``plan`` whose PrimFunc only the fallback rule scheduled."""
+    fell_back = set()
+    for gv, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
+            if str(func.attrs.get(RULE_ATTR, "")) == FALLBACK_RULE:
+                fell_back.add(gv.name_hint)
+    return [
+        (g.function, g.block_index, frozenset(g.node_ids))
+        for g in plan.groups
+        if len(g.node_ids) > 1 and g.kernel in fell_back
+    ]
 
 
 class CompiledModel:
@@ -206,9 +224,23 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         cost_model=cost_model, shape_hints=shape_hints, config=search,
     )
     with parts.target:
-        mod = parts.prepare(loaded.mod)
-        mod = parts.fuse(mod)
-        mod = parts.schedule(mod)
+        prepared = parts.prepare(loaded.mod)
+        mod = parts.schedule(parts.fuse(prepared))
+        # Feedback from the templates: a fused group that only the unoptimised fallback
+        # could schedule is forbidden and the search runs again (at most twice more).
+        config = search or SearchConfig()
+        for _ in range(2):
+            if parts.fuse_pass is None or not schedule:
+                break
+            failed = fallback_groups(mod, parts.fuse_pass.plan)
+            if not failed:
+                break
+            config = dataclasses.replace(config, forbidden=config.forbidden + tuple(failed))
+            parts = make_pipeline(
+                target=target or "llvm", hw=hw, fusion=fusion_mode(fusion), schedule=schedule,
+                cost_model=cost_model, shape_hints=shape_hints, config=config,
+            )
+            mod = parts.schedule(parts.fuse(prepared))
     plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
     custom = parts.backend.build_model(mod, loaded, parts, plan)
     if custom is not None:

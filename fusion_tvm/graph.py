@@ -98,6 +98,8 @@ class FusionGraph:
     dims: dict[str, int]
     succs: list[set[int]] = field(default_factory=list)
     preds: list[set[int]] = field(default_factory=list)
+    #: Groups the target could not schedule (feedback); no candidate may contain one.
+    forbidden: list[frozenset[int]] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.succs:
@@ -132,7 +134,8 @@ class FusionGraph:
 
     def with_dims(self, dims: Mapping[str, int]) -> FusionGraph:
         """The same graph evaluated at other symbolic dims."""
-        return FusionGraph(self.nodes, self.tensors, dict(dims), self.succs, self.preds)
+        return FusionGraph(self.nodes, self.tensors, dict(dims), self.succs, self.preds,
+                           self.forbidden)
 
     def describe(self, node_id: int) -> str:
         """``name = func(...)`` for messages."""

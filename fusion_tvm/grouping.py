@@ -120,8 +120,13 @@ def rewrite_block(
     block: relax.DataflowBlock,
     groups: Sequence[frozenset[int]],
     used_later: set,
+    kernel_names: dict[frozenset[int], str] | None = None,
 ) -> relax.DataflowBlock:
-    """The block with every multi-node group replaced by a call to its function."""
+    """The block with every multi-node group replaced by a call to its function.
+
+    ``kernel_names``, when given, receives each multi-node group's function name (which
+    ``FuseTIR`` gives to the group's PrimFunc).
+    """
     n = len(graph.nodes)
     item_of = list(range(n))
     items: dict[int, list[int]] = {i: [i] for i in range(n)}
@@ -164,6 +169,8 @@ def rewrite_block(
             new_bindings.append(graph.nodes[ms[0]].binding)
             continue
         gv, args, published = _emit_group(bb, graph, ms, used_later)
+        if kernel_names is not None:
+            kernel_names[frozenset(ms)] = gv.name_hint
         call = relax.Call(gv, args)
         if len(published) == 1:
             new_bindings.append(relax.VarBinding(published[0], call))

@@ -190,6 +190,18 @@ def check_connected(graph: FusionGraph, group: frozenset[int]) -> FusionDecision
     return FusionDecision.allow()
 
 
+def check_feedback(graph: FusionGraph, group: frozenset[int]) -> FusionDecision:
+    """Refuse groups containing one the target's schedule rules could not handle."""
+    for bad in graph.forbidden:
+        if len(group) > 1 and bad <= group:
+            names = ", ".join(graph.nodes[i].name for i in sorted(bad))
+            return FusionDecision.forbid(
+                f"the target's schedule templates could not handle {{{names}}} as one kernel "
+                "(only the unoptimised fallback matched)"
+            )
+    return FusionDecision.allow()
+
+
 def check_templates(
     graph: FusionGraph, group: frozenset[int], limits: TemplateLimits
 ) -> FusionDecision:
@@ -221,7 +233,7 @@ def is_legal(
     kinds: FusionKinds | None = None,
 ) -> FusionDecision:
     """All legality checks in order; the first failure is returned."""
-    for check in (check_members, check_connected, check_convex):
+    for check in (check_members, check_connected, check_convex, check_feedback):
         d = check(graph, group)
         if not d:
             return d

@@ -31,6 +31,8 @@ class GroupPlan:
     flops: float
     bound: str
     node_ids: list[int] = field(default_factory=list)
+    block_index: int = 0
+    kernel: str = ""  # the PrimFunc that runs the group after FuseTIR
 
 
 @dataclass
@@ -127,7 +129,13 @@ class FusionPlan:
 
 
 def group_plan(
-    graph: FusionGraph, group: frozenset[int], model: CostModel, function: str, name: str
+    graph: FusionGraph,
+    group: frozenset[int],
+    model: CostModel,
+    function: str,
+    name: str,
+    block_index: int = 0,
+    kernel: str = "",
 ) -> GroupPlan:
     """Describe one group with the model's prediction."""
     from .legality import classify
@@ -147,6 +155,8 @@ def group_plan(
         flops=cost.flops,
         bound=cost.reason,
         node_ids=members,
+        block_index=block_index,
+        kernel=kernel or (graph.nodes[members[0]].func_name if len(members) == 1 else ""),
     )
 
 

@@ -43,12 +43,16 @@ class SearchConfig:
         What the target's templates can schedule in one group.
     kinds : FusionKinds
         Which kinds of fusion are allowed (ablations switch some off).
+    forbidden : tuple
+        Feedback from scheduling: groups that only the fallback rule could schedule.
     """
 
     exact_limit: int = 12
     max_exact_groups: int = 20000
     limits: TemplateLimits = field(default_factory=TemplateLimits)
     kinds: FusionKinds = field(default_factory=FusionKinds)
+    #: (function, block index, node ids) of groups the target could not schedule.
+    forbidden: tuple[tuple[str, int, frozenset[int]], ...] = ()
 
 
 def _acceptable(graph, group, model, config: SearchConfig) -> FusionDecision:

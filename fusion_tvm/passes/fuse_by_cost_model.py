@@ -137,6 +137,7 @@ class FuseByCostModel:
                     continue
                 used_later = vars_used_after(func, bi)
                 graph = build_fusion_graph(mod, block, used_later, dims, info_cache)
+                graph.forbidden = [g for f, b, g in self.config.forbidden if (f, b) == (fname, bi)]
                 t0 = time.perf_counter()
                 groups = search_partition(graph, model, self.config)
                 search_s += time.perf_counter() - t0
@@ -150,11 +151,16 @@ class FuseByCostModel:
                 plan.unfused_time_s += model.estimate_plan(graph, singletons(graph))
                 plan.num_kernels += count_kernels(graph, groups)
                 plan.unfused_kernels += count_kernels(graph, singletons(graph))
+                kernel_names: dict[frozenset[int], str] = {}
+                new_blocks.append(
+                    rewrite_block(bb, graph, block, groups, used_later, kernel_names)
+                )
                 for g in groups:
                     if is_kernel(graph, g):
                         name = "+".join(graph.nodes[i].func_name for i in sorted(g))
-                        plan.groups.append(group_plan(graph, g, model, fname, name))
-                new_blocks.append(rewrite_block(bb, graph, block, groups, used_later))
+                        plan.groups.append(group_plan(
+                            graph, g, model, fname, name, bi, kernel_names.get(g, "")
+                        ))
             new_func = relax.Function(
                 func.params, relax.SeqExpr(new_blocks, func.body.body), func.ret_ty,
                 func.is_pure, func.attrs, func.span,
