@@ -94,3 +94,31 @@ def test_rewrite_orders_groups_topologically():
                     if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op))
     assert relu_pos > 0
     assert isinstance(values[-1], relax.Tuple)
+
+
+def test_fallback_feedback_splits_groups_templates_cannot_schedule(monkeypatch):
+    """A fused group that only the fallback rule can schedule is split and searched again."""
+    import numpy as np
+
+    import fusion_tvm
+    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+    from fusion_tvm.targets.llvm_cpu.fallback import Fallback
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit_te(topi.exp, x, primfunc_name_hint="exp")
+            b = bb.emit_te(topi.add, a, x, primfunc_name_hint="add")
+            c = bb.emit_te(topi.nn.relu, b, primfunc_name_hint="relu")
+            out = bb.emit_output(c)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    fused = fusion_tvm.compile(mod, hw="ci-x86-avx2")
+    assert fused.num_kernels == 1
+    monkeypatch.setattr(LLVMCPUBackend, "schedule_rules", lambda self, hw: (Fallback(),))
+    split = fusion_tvm.compile(mod, hw="ci-x86-avx2")
+    assert split.num_kernels > 1
+    assert not any(set(g.node_ids) >= {0, 1, 2} for g in split.plan.groups)
+    data = np.random.default_rng(0).standard_normal(SHAPE).astype("float32")
+    np.testing.assert_allclose(split.run([data])[0], fused.run([data])[0], rtol=1e-5)
