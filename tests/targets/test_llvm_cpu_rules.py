@@ -290,3 +290,20 @@ def test_reduction_symbolic_rows():
     n_var = tirx.Var("n", "int64")
     mod = row_module("layernorm", (n_var, 64))
     check(mod, [rand(9, 64), rand(64)], {"layer_norm": "reduction"})
+
+
+# ---------------------------------------------------- intrinsics without vector lowering
+@pytest.mark.parametrize("op", ["cosh", "sinh"])
+def test_hyperbolic_stay_scalar(op):
+    """TVM's LLVM codegen has no vector cosh/sinh: every rule must keep them scalar."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((16, 40), "float32"))
+    w = relax.Var("w", R.Tensor((40, 32), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            a = bb.emit(getattr(relax.op, op)(x))  # elementwise kernel (and matmul prologue)
+            y = bb.emit(relax.op.matmul(a, w))
+            out = bb.emit_output(bb.emit(getattr(relax.op, op)(relax.op.multiply(
+                y, relax.const(0.01, "float32")))))  # matmul epilogue
+        bb.emit_func_output(out)
+    check(bb.get(), [rand(16, 40), rand(40, 32)], {"matmul": "matmul"}, tol=1e-3)

@@ -95,9 +95,10 @@ def inline_spatial(
 
 #: Intrinsics LLVM expands lane by lane with extra shuffles: a whole-tensor vectorised loop
 #: calling them measured 1.85x slower than the scalar loop (erf, 128x768 fp32, znver4). In
-#: a register-tiled epilogue (matmul, conv) the vector form measured slightly faster, so
-#: only the row-wise loop shapers consult this.
+#: a register-tiled epilogue (matmul, conv) the vector form measured slightly faster.
 SCALAR_BETTER_INTRINSICS = frozenset({"tirx.erf"})
+#: Intrinsics TVM's LLVM codegen cannot lower in vector form ("unknown intrinsic").
+NO_VECTOR_LOWERING = frozenset({"tirx.cosh", "tirx.sinh"})
 
 
 def _calls(node, names: frozenset, depth: int = 0) -> bool:
@@ -121,7 +122,7 @@ def _calls(node, names: frozenset, depth: int = 0) -> bool:
 #: operand that is read many times (A of a matmul is read N / nr times per element).
 EXPENSIVE_INTRINSICS = frozenset(
     {"tirx.exp", "tirx.erf", "tirx.tanh", "tirx.sigmoid", "tirx.log", "tirx.pow", "tirx.sqrt",
-     "tirx.rsqrt", "tirx.exp2", "tirx.log2"}
+     "tirx.rsqrt", "tirx.exp2", "tirx.log2", "tirx.cosh", "tirx.sinh"}
 )
 
 
@@ -130,9 +131,14 @@ def is_cheap(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     return not _calls(sch.get(block).body, EXPENSIVE_INTRINSICS)
 
 
-def vector_friendly(sch: s_tir.Schedule, block: SBlockRV) -> bool:
-    """Whether vectorising ``block``'s innermost loop pays off (no lane-by-lane intrinsics)."""
-    return not _calls(sch.get(block).body, SCALAR_BETTER_INTRINSICS)
+def vector_friendly(sch: s_tir.Schedule, block: SBlockRV, tiled: bool = False) -> bool:
+    """Whether ``block``'s innermost loop may be vectorised, and pays off.
+
+    Never for intrinsics without a vector lowering; for a whole-tensor loop (not ``tiled``)
+    also not for intrinsics LLVM expands lane by lane.
+    """
+    avoid = NO_VECTOR_LOWERING if tiled else NO_VECTOR_LOWERING | SCALAR_BETTER_INTRINSICS
+    return not _calls(sch.get(block).body, avoid)
 
 
 def pick_vector_width(extent: int | None, max_lanes: int) -> int:

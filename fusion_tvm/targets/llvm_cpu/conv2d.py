@@ -30,6 +30,7 @@ from ._util import (
     pick_vector_width,
     root_blocks,
     static_extent,
+    vector_friendly,
 )
 
 
@@ -174,6 +175,9 @@ def _epilogue_at(sch: s_tir.Schedule, acc, loop, vec: int, hw: HardwareSpec) -> 
             sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
         except ScheduleError:
             parallel_vectorize(sch, block, hw)
+            continue
+        if not vector_friendly(sch, block, tiled=True):
+            frontier.extend(sch.get_consumers(block))
             continue
         with contextlib.suppress(ScheduleError):
             inner = sch.get_loops(block)[-1]

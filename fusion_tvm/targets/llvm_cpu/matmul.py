@@ -39,6 +39,7 @@ from ._util import (
     pick_vector_width,
     root_blocks,
     static_extent,
+    vector_friendly,
 )
 
 
@@ -246,8 +247,9 @@ class Matmul(ScheduleRule):
                 p_jo, p_ji = sch.split(p_j, [None, nr])
                 sch.reorder(p_s, p_jo, p_k, p_ji)
             sch.parallel(sch.fuse(p_s, p_jo))
-            with contextlib.suppress(ScheduleError):
-                sch.vectorize(p_ji)
+            if vector_friendly(sch, packed, tiled=True):
+                with contextlib.suppress(ScheduleError):
+                    sch.vectorize(p_ji)
         else:
             _inline_operand(sch, main, 1)
         _inline_operand(sch, main, 0, cheap_only=True)
@@ -284,8 +286,9 @@ class Matmul(ScheduleRule):
                 parallel_vectorize(sch, block, hw)
                 continue
             placed.append(sch.get(block))
-            with contextlib.suppress(ScheduleError):
-                sch.vectorize(sch.get_loops(block)[-1])
+            if vector_friendly(sch, block, tiled=True):
+                with contextlib.suppress(ScheduleError):
+                    sch.vectorize(sch.get_loops(block)[-1])
             frontier.extend(sch.get_consumers(block))
 
         sch.unroll(ii)
@@ -356,7 +359,8 @@ def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule 
     for block in list(sch.get_consumers(acc)):
         try:
             sch.reverse_compute_at(block, tile, preserve_unit_loops=True)
-            sch.vectorize(sch.get_loops(block)[-1])
+            if vector_friendly(sch, block, tiled=True):
+                sch.vectorize(sch.get_loops(block)[-1])
         except ScheduleError:
             parallel_vectorize(sch, block, hw)
     sch.vectorize(ji)

@@ -30,6 +30,7 @@ from ._util import (
     parallel_vectorize,
     root_blocks,
     static_extent,
+    vector_friendly,
 )
 
 
@@ -56,7 +57,7 @@ def _shared_rows(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:
 def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first: int) -> None:
     """Vectorise the innermost loop below position ``first`` (the row loop)."""
     loops = sch.get_loops(block)[first:]
-    if not loops:
+    if not loops or not vector_friendly(sch, block):
         return
     inner = loops[-1]
     extent = static_extent(sch, inner)
