@@ -195,7 +195,7 @@ import fusion_tvm
 from fusion_tvm.testing.random_onnx import random_model
 from test_fuzz import _stable_plan
 out = {{}}
-for seed in (2, 31):
+for seed in (12, 44):
     cm = fusion_tvm.compile(random_model(seed).model, hw="ci-x86-avx2")
     path = cm.export({tmp!r} + f"/m{{seed}}.so")
     out[seed] = [_stable_plan(cm.plan), hashlib.sha256(open(path, "rb").read()).hexdigest(),
