@@ -108,11 +108,41 @@ class GpuTemplateConfig:
         return dict(self.base_registers)[kind.value]
 
 
+def is_true_contraction(node) -> bool:
+    """A matmul / conv node: exactly one reduction block, and that block is ``C += A * B``.
+
+    The graph's op class also calls ``layer_norm`` a contraction (its variance block sums
+    ``(x - mean) * (x - mean)``), but its two row reductions run on the row template.
+    """
+    if not node.is_contraction or node.info is None:
+        return False
+    reductions = [b for b in node.info.blocks if b.num_reduce_axes]
+    return len(reductions) == 1 and reductions[0].is_contraction
+
+
+def template_kind(graph: FusionGraph, group: frozenset[int]) -> GroupKind:
+    """The GPU template family of ``group`` (``classify`` with row reductions that only
+    look like contractions sent to REDUCTION)."""
+    kind = classify(graph, group)
+    if kind is GroupKind.CONTRACTION and not any(
+            is_true_contraction(graph.nodes[n]) for n in group):
+        return GroupKind.REDUCTION
+    return kind
+
+
+def reduction_blocks(graph: FusionGraph, group: frozenset[int]) -> int:
+    """TIR blocks with reduction iters over the group's members (softmax alone has two)."""
+    return sum(
+        1 for n in group if graph.nodes[n].info is not None
+        for b in graph.nodes[n].info.blocks if b.num_reduce_axes
+    )
+
+
 def launch_shape(graph: FusionGraph, group: frozenset[int], onchip_bytes: float,
                  cfg: GpuTemplateConfig) -> LaunchShape:
     """The grid and per-block resources of the template that will run ``group``."""
     dims = graph.dims
-    kind = classify(graph, group)
+    kind = template_kind(graph, group)
     out_elems = max(
         1.0, max(shape_elems(graph.tensors[graph.nodes[n].outputs[0]].shape, dims)
                  for n in group)
@@ -121,14 +151,16 @@ def launch_shape(graph: FusionGraph, group: frozenset[int], onchip_bytes: float,
     smem = 0.0
     if kind is GroupKind.CONTRACTION:
         tm, tn, tk = cfg.matmul_tile
-        anchor = next(graph.nodes[n] for n in sorted(group) if graph.nodes[n].is_contraction)
+        anchor = next(graph.nodes[n] for n in sorted(group)
+                      if is_true_contraction(graph.nodes[n]))
         out = shape_elems(graph.tensors[anchor.outputs[0]].shape, dims)
         blocks = math.ceil(max(1.0, out) / (tm * tn))
         threads = cfg.matmul_threads
         smem = (tm + tn) * tk * 4
     elif kind is GroupKind.REDUCTION:
         # One block per row of the (first) reduction: rows = its output elements.
-        red = next(graph.nodes[n] for n in sorted(group) if graph.nodes[n].is_reduction)
+        red = next(graph.nodes[n] for n in sorted(group)
+                   if graph.nodes[n].is_reduction or graph.nodes[n].is_contraction)
         rows = shape_elems(graph.tensors[red.outputs[0]].shape, dims)
         blocks = max(1, math.ceil(rows))
         threads = cfg.reduction_threads
@@ -146,12 +178,12 @@ def split_launches(graph: FusionGraph, group: frozenset[int]) -> int:
     reads itself (a residual ``add`` before ``layer_norm``) writes a function output: TVM
     cannot move it under the row loop, so it runs as its own launch first.
     """
-    if classify(graph, group) is not GroupKind.REDUCTION:
+    if template_kind(graph, group) is not GroupKind.REDUCTION:
         return 0
     extra = 0
     for n in group:
         node = graph.nodes[n]
-        if node.is_reduction:
+        if node.is_reduction or node.is_contraction:
             continue
         t = graph.tensors[node.outputs[0]]
         inside = any(c in group for c in t.consumers)

@@ -187,6 +187,15 @@ def test_rules_schedule_fused_groups_dlight_declines():
     assert ln and all(rules[name] == "row_reduction" for name in ln)
     assert "fallback" not in rules.values()
     assert sum(r == "matmul" for r in rules.values()) >= 4
+    # The cost model priced each group with the rule that then scheduled it.
+    checked = 0
+    for g in b.plan.groups:
+        name = "fused_" + "_".join(g.prim_funcs) if len(g.prim_funcs) > 1 else g.prim_funcs[0]
+        actual = [rule for func, rule in rules.items() if func.startswith(name[:60])]
+        if actual:
+            checked += 1
+            assert actual[0] == g.rule, (name, g.rule, actual[0])
+    assert checked >= 10
 
 
 def test_contraction_rule_takes_conv_with_epilogue(tmp_path):

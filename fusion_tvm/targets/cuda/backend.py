@@ -6,7 +6,11 @@ from collections.abc import Sequence
 
 import tvm
 
-from ...cost_models import gpu as _gpu_cost_model  # noqa: F401  (registers "gpu")
+from ...cost_models.gpu import (  # importing registers the "gpu" cost model
+    is_true_contraction,
+    reduction_blocks,
+    template_kind,
+)
 from ...cost_models.hardware import DeviceKind, HardwareSpec
 from ...errors import InvalidHardwareSpecError
 from ..base import Backend, ScheduleRule, register_backend
@@ -106,24 +110,40 @@ class CUDABackend(Backend):
 
 
 def gpu_rule_for_group(graph, group) -> str:
-    """Rule name for ``group``: what dlight's matchers take, from the graph alone.
+    """Rule name for ``group``: what the rule list takes, from the graph alone.
 
-    A contraction whose output is one row (batch-1 fully connected) is a matrix-vector
-    product, which dlight's Matmul declines and its Reduction rule schedules.
+    * a contraction whose output is one row (batch-1 fully connected) is a matrix-vector
+      product, which dlight's Matmul declines and its Reduction rule schedules;
+    * a contraction group publishing several tensors (a fused QKV projection sliced into
+      three) is declined by dlight's Matmul: :class:`SimtContraction` takes it;
+    * reductions: one reduction block with at most an epilogue is dlight's Reduction,
+      chains (softmax, layer_norm, with prologues) the row template.
     """
-    from ...legality import GroupKind, classify
+    from ...legality import GroupKind
     from ...tir_analysis import shape_elems
 
-    kind = classify(graph, group)
+    kind = template_kind(graph, group)
     nodes = [graph.nodes[i] for i in sorted(group)]
     if kind is GroupKind.CONTRACTION:
-        anchor = next(n for n in nodes if n.is_contraction)
+        anchor = next(n for n in nodes if is_true_contraction(n))
         shape = graph.tensors[anchor.outputs[0]].shape
         rows = shape_elems(shape[:-1], graph.dims) if len(shape) > 1 else 1
-        return "reduction" if rows <= 1 else "matmul"
+        if rows <= 1:
+            return "reduction"
+        return "contraction" if published_outputs(graph, group) > 1 else "matmul"
     if kind is GroupKind.REDUCTION:
-        return "reduction" if sum(n.is_reduction for n in nodes) == 1 and len(nodes) <= 2 \
+        return "reduction" if reduction_blocks(graph, group) == 1 and len(nodes) <= 2 \
             else "row_reduction"
     if kind is GroupKind.ELEMENTWISE:
         return "elementwise"
     return "fallback"
+
+
+def published_outputs(graph, group) -> int:
+    """Tensors of ``group`` read outside it (or returned)."""
+    count = 0
+    for n in group:
+        t = graph.tensors[graph.nodes[n].outputs[0]]
+        if t.escapes or any(c not in group for c in t.consumers) or not t.consumers:
+            count += 1
+    return count
