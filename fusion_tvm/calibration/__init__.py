@@ -4,11 +4,13 @@
 >>> Path("host.json").write_text(json.dumps(spec.to_json()))
 >>> cm = fusion_tvm.compile(model, hw="host.json")
 
-``fusion-tvm hw calibrate [-o spec.json] [--thorough] [--rpc HOST:PORT]`` does the same from
-the command line. The measurements (``micro``) are memory-level bandwidths, the Relax VM's
-per-kernel overhead and each schedule rule's efficiency (fraction of the roofline reached);
-``remote`` runs them on a device behind TVM RPC; ``report`` compares the cost model's
-per-kernel predictions with measured times over the model zoo.
+``fusion-tvm hw calibrate spec.json [--thorough] [--rpc HOST:PORT]`` does the same from the
+command line (options first need a ``--``: ``fusion-tvm hw calibrate -- --thorough -o x.json``).
+
+The measurements (``micro``) are memory-level bandwidths, the Relax VM's per-kernel overhead
+and each schedule rule's efficiency (fraction of the roofline reached); ``remote`` runs them on
+a device behind TVM RPC; ``report`` compares the cost model's per-kernel predictions with
+measured times over the model zoo.
 """
 
 from __future__ import annotations
@@ -79,12 +81,17 @@ def cli_main(argv: Sequence[str]) -> int:
     """``fusion-tvm hw calibrate``: measure, print, write the spec JSON."""
     p = argparse.ArgumentParser(prog="fusion-tvm hw calibrate",
                                 description="measure this machine into a hardware spec")
+    p.add_argument("spec", nargs="?", help="write the calibrated spec JSON here (as -o)")
     p.add_argument("--hw", default="host", help="preset or spec to start from (default host)")
     p.add_argument("-o", "--output", help="write the calibrated spec JSON here")
     p.add_argument("--thorough", action="store_true", help="more sizes and repetitions")
     p.add_argument("--rpc", metavar="HOST:PORT", help="measure a device behind a TVM RPC server")
     p.add_argument("--details", metavar="PATH", help="write every measurement as JSON")
-    args = p.parse_args(list(argv))
+    argv = list(argv)
+    if argv[:1] == ["--"]:  # `fusion-tvm hw calibrate -- --thorough`
+        argv = argv[1:]
+    args = p.parse_args(argv)
+    args.output = args.output or args.spec
     session = None
     if args.rpc:
         from .remote import connect

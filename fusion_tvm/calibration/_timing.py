@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,14 +122,16 @@ class RemoteRunner(Runner):
         self.session = session
         self._tmp = tempfile.TemporaryDirectory(prefix="fusion_tvm_rpc_")
         self._count = 0
+        self._tag = uuid.uuid4().hex[:12]
 
     @property
     def device(self):
         return self.session.cpu(0)
 
     def load(self, executable) -> tvm.runtime.Module:
+        # Unique per upload: overwriting a library the server has loaded crashes it.
         self._count += 1
-        name = f"kernel{self._count}.so"
+        name = f"kernel_{self._tag}_{self._count}.so"
         path = os.path.join(self._tmp.name, name)
         executable.export_library(path)
         self.session.upload(path)

@@ -42,7 +42,7 @@ def triad_func(cores: int, rows: int, lanes: int, reps: int):
     def main(A: T.Buffer((cores, rows, lanes), "float32"),
              B: T.Buffer((cores, rows, lanes), "float32")):
         for c in T.parallel(cores):
-            for r in range(reps):
+            for _r in range(reps):
                 for i in range(rows):
                     for j in T.vectorized(lanes):
                         B[c, i, j] = B[c, i, j] * T.float32(0.5) + A[c, i, j]

@@ -1,0 +1,158 @@
+"""Calibration: quick micro-benchmarks give a valid spec; RPC loopback; prediction report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks/ is not installed with the package
+    sys.path.insert(0, str(ROOT))
+
+from fusion_tvm.calibration import calibrate_full, cli_main, make_runner  # noqa: E402
+from fusion_tvm.calibration.micro import (  # noqa: E402
+    RULES,
+    aggregate,
+    kernel_efficiency,
+    measure_call,
+    measure_launch,
+    monotone,
+    triad_func,
+)
+from fusion_tvm.calibration.report import median_ape, spearman  # noqa: E402
+from fusion_tvm.cost_models.hardware import HardwareSpec  # noqa: E402
+from fusion_tvm.cost_models.presets import get_hardware  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def quick():
+    """One quick calibration of this machine, shared by the tests below."""
+    return calibrate_full("host")
+
+
+# ------------------------------------------------------------------------------ pure parts
+def test_spearman_and_error():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) > 0.9  # ties averaged
+    assert np.isnan(spearman([1, 2], [1, 2]))
+    assert median_ape([1.1, 0.5, 2.0], [1.0, 1.0, 2.0]) == pytest.approx(0.1)
+
+
+def test_monotone_bandwidths():
+    assert monotone([50.0, 80.0, 30.0, 10.0]) == [80.0, 80.0, 30.0, 10.0]
+    assert monotone([5.0, 4.0, 3.0]) == [5.0, 4.0, 3.0]
+
+
+def test_kernel_efficiency_bounds():
+    assert kernel_efficiency(1.0, 0.0, 2.0) == pytest.approx(0.5)
+    assert kernel_efficiency(1.0, 0.0, 0.1) == 1.5  # capped as the spec validator requires
+    assert kernel_efficiency(1.0, 3.0, 2.0) == 1.5  # internal traffic explains it all
+
+
+def test_triad_is_valid_tir():
+    func = triad_func(2, 8, 16, 3)
+    assert len(func.params) == 2
+
+
+# ----------------------------------------------------------------------------- calibration
+def test_quick_calibration_spec(quick, tmp_path):
+    spec = quick.spec
+    assert isinstance(spec, HardwareSpec) and spec.name == "host-calibrated"
+    bws = [lvl.bandwidth_bytes_per_s for lvl in spec.memory]
+    assert all(b > 1e8 for b in bws)  # > 0.1 GB/s
+    assert bws == sorted(bws, reverse=True)
+    assert bws[0] > bws[-1]  # L1 faster than DRAM
+    assert 1e-8 <= spec.launch_overhead_s <= 1e-4
+    assert set(spec.efficiency) >= {"matmul", "conv2d", "reduction", "elementwise"}
+    assert all(0 < e <= 1.5 for e in spec.efficiency.values())
+    # Capacities and peaks come from the preset.
+    base = get_hardware("host")
+    assert [lvl.capacity_bytes for lvl in spec.memory] == [
+        lvl.capacity_bytes for lvl in base.memory]
+    assert spec.peak_flops == base.peak_flops
+    # The JSON round trip is what get_hardware(path) reads.
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(spec.to_json()))
+    assert get_hardware(str(path)) == spec
+
+
+def test_rule_coverage(quick):
+    rules = {k.rule for k in quick.kernels}
+    assert rules <= set(RULES)
+    assert {"matmul", "conv2d", "reduction", "elementwise"} <= rules
+    assert aggregate(quick.kernels).keys() == rules
+
+
+def test_cli_writes_spec(tmp_path, monkeypatch, quick):
+    import fusion_tvm.calibration as cal
+
+    monkeypatch.setattr(cal, "calibrate_full", lambda *a, **k: quick)
+    out = tmp_path / "spec.json"
+    assert cli_main(["-o", str(out), "--details", str(tmp_path / "d.json")]) == 0
+    assert HardwareSpec.from_json(out) == quick.spec
+    assert "kernels" in json.loads((tmp_path / "d.json").read_text())
+
+
+def test_fusion_tvm_cli_hands_over(tmp_path, monkeypatch, quick):
+    import fusion_tvm.calibration as cal
+    from fusion_tvm.cli import main
+
+    monkeypatch.setattr(cal, "calibrate_full", lambda *a, **k: quick)
+    out = tmp_path / "spec.json"
+    assert main(["hw", "calibrate", str(out)]) == 0
+    assert HardwareSpec.from_json(out).name == "host-calibrated"
+    assert main(["hw", "calibrate", "--", "-o", str(tmp_path / "b.json")]) == 0
+    assert (tmp_path / "b.json").is_file()
+
+
+# ------------------------------------------------------------------------------------ RPC
+def test_rpc_loopback():
+    rpc = pytest.importorskip("tvm.rpc")
+    from fusion_tvm.calibration.remote import LocalServer, benchmark_kernel, echo, remote_runner
+
+    hw = get_hardware("host")
+    try:
+        server = LocalServer("127.0.0.1").__enter__()
+    except Exception as err:  # noqa: BLE001 - an RPC-less wheel skips, it does not fail
+        pytest.skip(f"RPC server unavailable: {err}")
+    try:
+        session = server.connect()
+        assert isinstance(session, rpc.RPCSession)
+        np.testing.assert_array_equal(echo(session, np.arange(4, dtype="float32")),
+                                      np.arange(4, dtype="float32"))
+        runner = remote_runner(session, hw)
+        try:
+            call = measure_call(runner)
+            launch, chain = measure_launch(runner)
+        finally:
+            runner.close()
+        assert 0 < call < 1e-3
+        assert 0 < launch < 1e-3 and set(chain) == {1, 32, 96}
+        t = benchmark_kernel(session, hw, triad_func(2, 64, 16, 2))
+        assert 0 < t < 1.0
+    finally:
+        server.__exit__(None, None, None)
+
+
+# --------------------------------------------------------------------------- report smoke
+def test_prediction_report_structure(quick):
+    from fusion_tvm.calibration.report import zoo_report
+
+    runner = make_runner(quick.spec)
+    report = zoo_report(["mlp"], quick.spec, runner, quick.call_s, rounds=2)
+    d = report.to_json()
+    assert d["hardware"]["name"] == "host-calibrated"
+    (model,) = d["models"]
+    assert model["model"] == "mlp" and model["kernels"] == len(d["kernels"]) >= 3
+    assert model["measured_s"] > 0 and model["measured_fuseops_s"] > 0
+    assert model["predicted_speedup"] is not None and model["measured_speedup"] > 0
+    for k in d["kernels"]:
+        assert k["predicted_s"] > 0 and k["measured_s"] > 0
+        assert k["rule"] in RULES
+    assert set(d["summary"]) >= {"spearman", "median_ape", "median_speedup_error"}
+    assert "mlp" in report.table()
