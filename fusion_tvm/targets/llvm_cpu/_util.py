@@ -77,12 +77,19 @@ def inline_spatial(
             return False
         return any(not is_spatial(sch, c) for c in sch.get_consumers(b))
 
+    def shares_producer(b: SBlockRV) -> bool:
+        # TVM's reverse_compute_inline rewrites a producer that has other consumers into
+        # broken IR (the other consumers keep reading the vanished buffer): never ask it to.
+        return any(len(sch.get_consumers(p)) > 1 for p in sch.get_producers(b))
+
     for primitive in (sch.compute_inline, sch.reverse_compute_inline):
         changed = True
         while changed:
             changed = False
             for block in root_blocks(sch):
                 if kept(block) or not is_spatial(sch, block):
+                    continue
+                if primitive == sch.reverse_compute_inline and shares_producer(block):
                     continue
                 try:
                     primitive(block)

@@ -54,6 +54,34 @@ def _shared_rows(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:
     return rows
 
 
+def _row_local(sch: s_tir.Schedule, blocks: list[SBlockRV], rows: int) -> bool:
+    """Whether every block reads and writes the group's intermediates at its own row.
+
+    Computing the chain row by row is only right when row ``r`` of each block needs row
+    ``r`` of its producers and nothing else: the first ``rows`` indices of every access to
+    a buffer written inside the group must be the accessing block's own row iterators.
+    (A convolution reads neighbouring rows; a reduction over the row axis reads them all.)
+    """
+    written = [w.source for b in blocks for w in sch.get(b).writes]
+
+    def inside(buf) -> bool:
+        return any(buf.same_as(w) for w in written)
+
+    for block in blocks:
+        stmt = sch.get(block)
+        row_vars = [iv.var for iv in stmt.iter_vars][:rows]
+        for access in (*stmt.reads, *stmt.writes):
+            if not inside(access.source):
+                continue
+            if len(access.region) < rows:
+                return False
+            for rng, var in zip(access.region[:rows], row_vars, strict=True):
+                if not (rng.min.same_as(var) and isinstance(rng.extent, tirx.IntImm)
+                        and rng.extent.value == 1):
+                    return False
+    return True
+
+
 def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first: int) -> None:
     """Vectorise the innermost loop below position ``first`` (the row loop)."""
     loops = sch.get_loops(block)[first:]
@@ -138,21 +166,17 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
         window = window * ext if ext is not None and window is not None else None
     if window is None or window > MAX_WINDOW or n_spatial < 2:
         return None
-    producers = [b for b in sch.get_producers(main) if is_spatial(sch, b)]
     total = 1
     for ext in extents[:n_spatial]:
         total = total * ext if ext is not None and total is not None else None
     if hw.num_cores > 1 and (total is None or total >= MIN_PARALLEL_ELEMENTS // 4):
         sch.parallel(sch.fuse(*loops[: n_spatial - 1]))
+    # Every other block (padding, epilogue, a second output) stays a root-level pass: an
+    # epilogue moved under the pooled rows would only cover the rows the pool produces.
     for block in blocks:
-        if block.same_as(main) or sch.get(block).same_as(sch.get(main)):
-            continue
-        if block in producers or any(sch.get(block).same_as(sch.get(p)) for p in producers):
+        if not sch.get(block).same_as(sch.get(main)):
             with contextlib.suppress(ScheduleError):
                 parallel_vectorize(sch, block, hw)
-            continue
-        with contextlib.suppress(ScheduleError):  # epilogue (e.g. ReLU): per row as well
-            sch.reverse_compute_at(block, sch.get_loops(main)[0], preserve_unit_loops=True)
     return sch
 
 
@@ -177,7 +201,7 @@ class Reduction(ScheduleRule):
         if window is not None:
             return window
         rows = _shared_rows(sch, blocks)
-        if rows == 0:
+        if rows == 0 or not _row_local(sch, blocks, rows):
             return None
         width = lanes(hw, dtype_bits(sch, blocks[-1]))
         rfactored = {}
