@@ -83,6 +83,9 @@ class CompiledModel:
         self.compile_time_s = compile_time_s
         self.num_kernels = count_kernels(fused_mod)
         self._vm = None
+        self._bound: dict[str, int] = {}
+        #: Static builds for hot sizes, keyed by the sorted (dim, value) pairs.
+        self.variants: dict[tuple, CompiledModel] = {}
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -141,11 +144,22 @@ class CompiledModel:
                             f"{got} in input '{name}' axis {axis}"
                         )
             out.append(np.ascontiguousarray(arr))
+        self._bound = bound
         return out
 
     def run(self, feeds: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run once; ``feeds`` maps input names to arrays (or lists them in order)."""
+        """Run once; ``feeds`` maps input names to arrays (or lists them in order).
+
+        When specialised variants were built (``compile(..., specialize=...)``) and the
+        feeds' symbolic dims match one, that variant runs; otherwise the generic build.
+        """
         arrays = self._check_feeds(feeds)
+        if self.variants:
+            dims = {d for key in self.variants for d, _ in key}
+            key = tuple(sorted((d, v) for d, v in self._bound.items() if d in dims))
+            variant = self.variants.get(key)
+            if variant is not None:
+                return variant.run(arrays)
         args = [tvm.runtime.tensor(a, self.device) for a in arrays]
         result = self.vm["main"](*args)
         return _flatten(result)
@@ -177,6 +191,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     shape_dict: Mapping[str, Sequence] | None = None,
     example_inputs: Sequence[Any] | None = None,
     search: SearchConfig | None = None,
+    specialize: Mapping[str, Sequence[int]] | None = None,
 ) -> CompiledModel:
     """Compile a model with cost-model-driven fusion.
 
@@ -203,6 +218,10 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         For torch modules.
     search : SearchConfig, optional
         Search options.
+    specialize : mapping, optional
+        Hot sizes of symbolic dims (``{"S": [128]}``): a static build is made for each
+        combination and dispatched at run time when the inputs match; other sizes run the
+        generic dynamic build.
 
     Returns
     -------
@@ -246,7 +265,36 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     if custom is not None:
         return custom
     executable = tvm.compile(mod, target=parts.target, relax_pipeline=parts.lower)
-    return CompiledModel(
+    result = CompiledModel(
         executable, loaded, mod, plan, parts.target, parts.hw, parts.backend.device(),
         time.perf_counter() - start,
     )
+    if specialize:
+        result.variants = _specialized_variants(
+            model, loaded, specialize, dict(target=target, hw=hw, fusion=fusion,
+                                            schedule=schedule, cost_model=cost_model,
+                                            search=search)
+        )
+        result.compile_time_s = time.perf_counter() - start
+    return result
+
+
+def _specialized_variants(model, loaded: LoadedModel, specialize, options) -> dict:
+    """Static builds of ``model`` for every combination of the hot sizes."""
+    import itertools
+
+    if loaded.source != "onnx":
+        raise UserInputError("specialize= needs an ONNX model (its input shapes are rewritten)")
+    names = sorted(specialize)
+    known = {d for shape in loaded.input_shapes for d in shape if isinstance(d, str)}
+    check_names(dict.fromkeys(names, 1), known)
+    variants = {}
+    for combo in itertools.product(*(list(specialize[n]) for n in names)):
+        dims = dict(zip(names, combo, strict=True))
+        shape_dict = {
+            name: [dims.get(d, d) if isinstance(d, str) else d for d in shape]
+            for name, shape in zip(loaded.input_names, loaded.input_shapes, strict=True)
+            if any(isinstance(d, str) and d in dims for d in shape)
+        }
+        variants[tuple(sorted(dims.items()))] = compile(model, shape_dict=shape_dict, **options)
+    return variants

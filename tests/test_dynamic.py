@@ -64,3 +64,20 @@ def test_range_hint_plan_reports_points():
     assert plan.dims["S"] == 16 and plan.dims["N"] == 1
     assert any("3 sample points" in n for n in plan.notes)
     assert plan.num_kernels < plan.fuseops_kernels
+
+
+def test_specialized_variants_dispatch_and_match():
+    model = get_model("bert_2l", small=True, dynamic=True)
+    cm = fusion_tvm.compile(model, hw="ci-x86-avx2", shape_hints={"S": (1, 32)},
+                            specialize={"S": [8]})
+    assert list(cm.variants) == [(("S", 8),)]
+    variant = cm.variants[(("S", 8),)]
+    calls = []
+    original = variant.run
+    variant.run = lambda arrays: calls.append(1) or original(arrays)
+    sess = ort.InferenceSession(model.SerializeToString())
+    for size in (8, 5):
+        feeds = example_inputs(model, seed=size, N=1, S=size)
+        out = cm.run(feeds)
+        np.testing.assert_allclose(out[0], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert calls == [1]  # S=8 ran the static variant, S=5 the generic build
