@@ -29,7 +29,7 @@ MODELS = ["mlp", "detection_head", "resnet18", "bert_2l", "bert_2l_s16", "gpt2_2
 def main(argv=None) -> int:
     from fusion_tvm.calibration import calibrate_full, make_runner
     from fusion_tvm.calibration.micro import measure_call
-    from fusion_tvm.calibration.report import zoo_report
+    from fusion_tvm.calibration.report import ParallelTerm, zoo_report
     from fusion_tvm.cost_models.presets import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    calibration = None
+    calibration = alt = None
     if args.hw:
         spec = get_hardware(args.hw)
         runner = make_runner(spec)
@@ -54,9 +54,11 @@ def main(argv=None) -> int:
         calibration = calibrate_full("host", thorough=args.thorough, log=log)
         spec, call_s = calibration.spec, calibration.call_s
         runner = make_runner(spec)
+        alt = ParallelTerm(calibration.parallel_overhead_s,
+                           calibration.efficiency_with_parallel_term())
     cal_s = time.perf_counter() - start
     report = zoo_report(args.models, spec, runner, call_s, small=not args.full,
-                        rounds=args.rounds, log=log)
+                        rounds=args.rounds, log=log, alt=alt)
     print(report.table())
     out = report.to_json()
     out["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -119,39 +119,53 @@ def monotone(bandwidths: Sequence[float]) -> list[float]:
 
 
 # -------------------------------------------------------------------------- VM overhead
-def _tiny_add():
-    from tvm import te
+def _tiny_add(parallel: int = 0):
+    """``B = A + 1`` on 4 floats, or on ``parallel`` x 16 floats with a parallel outer loop
+    (the thread pool starts and joins, as in every kernel our rules parallelise)."""
+    from tvm import s_tir, te
 
-    a = te.placeholder((4,), "float32", name="A")
-    b = te.compute((4,), lambda i: a[i] + tvm.tirx.const(1, "float32"), name="B")
-    return te.create_prim_func([a, b])
+    shape = (parallel, 16) if parallel else (4,)
+    a = te.placeholder(shape, "float32", name="A")
+    b = te.compute(shape, lambda *i: a[i] + tvm.tirx.const(1, "float32"), name="B")
+    func = te.create_prim_func([a, b])
+    if not parallel:
+        return func
+    sch = s_tir.Schedule(func)
+    outer, inner = sch.get_loops(sch.get_sblock("B"))
+    sch.parallel(outer)
+    sch.vectorize(inner)
+    return sch.mod["main"]
 
 
-def chain_module(k: int) -> tvm.IRModule:
+def chain_module(k: int, parallel: int = 0) -> tvm.IRModule:
     """A Relax ``main`` calling one tiny PrimFunc ``k`` times in a row."""
+    shape = (parallel, 16) if parallel else (4,)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    gv = bb.add_func(_tiny_add(), "add_one")
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    gv = bb.add_func(_tiny_add(parallel), "add_one")
     with bb.function("main", [x]):
         with bb.dataflow():
             y = x
             for _ in range(k):
-                y = bb.emit(relax.call_tir(gv, (y,), relax.TensorType((4,), "float32")))
+                y = bb.emit(relax.call_tir(gv, (y,), relax.TensorType(shape, "float32")))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
 
 
-def measure_launch(runner: Runner, thorough: bool = False) -> tuple[float, dict[int, float]]:
-    """Per-kernel cost of the Relax VM: least-squares slope of time against chain length."""
+def measure_launch(runner: Runner, thorough: bool = False, parallel: int = 0
+                   ) -> tuple[float, dict[int, float]]:
+    """Per-kernel cost of the Relax VM: least-squares slope of time against chain length
+    (with ``parallel`` > 0, of a kernel that starts the thread pool on that many threads)."""
     from ..pipeline import lower_passes
 
     ks = (1, 16, 32, 64, 128) if thorough else (1, 32, 96)
     lower = tvm.transform.Sequential(lower_passes())
     times = {}
+    shape = (parallel, 16) if parallel else (4,)
     for k in ks:
-        vm = runner.build_vm(chain_module(k), relax_pipeline=lower)
-        times[k] = runner.time_vm(vm, [runner.tensor(np.zeros(4, "float32"))])
+        vm = runner.build_vm(chain_module(k, parallel), relax_pipeline=lower)
+        times[k] = runner.time_vm(vm, [runner.tensor(np.zeros(shape, "float32"))])
     x = np.array(ks, dtype=float)
     y = np.array([times[k] for k in ks])
     slope = float(np.polyfit(x, y, 1)[0])
@@ -257,6 +271,7 @@ class KernelEfficiency:
     internal_s: float
     measured_s: float
     efficiency: float
+    parallel: bool = False
 
 
 def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> float:
@@ -285,11 +300,16 @@ def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: boo
             measured = time_kernel(runner, k.func)
             eff = kernel_efficiency(roof, internal, max(measured - call_s, 1e-9))
             out.append(KernelEfficiency(w.name, k.func_name, k.rule, roof, internal, measured,
-                                        eff))
+                                        eff, is_parallel(k.func)))
             if log:
                 log(f"  {w.name:<22} {k.func_name[:40]:<40} {k.rule:<11} "
                     f"{measured * 1e6:9.1f} us  eff {eff:.3f}")
     return out
+
+
+def is_parallel(func) -> bool:
+    """Whether a scheduled PrimFunc has a parallel loop (starts the thread pool)."""
+    return func is not None and "T.parallel(" in func.script()
 
 
 def _target_kind(runner: Runner) -> str:
@@ -315,6 +335,9 @@ class CalibrationResult:
     chain_s: dict[int, float] = field(default_factory=dict)
     call_s: float = 0.0
     kernels: list[KernelEfficiency] = field(default_factory=list)
+    #: Extra cost of a kernel that starts the thread pool (parallel chain slope - serial).
+    #: The spec has no field for it (see ``report``: the model it would give).
+    parallel_overhead_s: float = 0.0
 
     def to_json(self) -> dict:
         from dataclasses import asdict
@@ -326,7 +349,19 @@ class CalibrationResult:
             "chain_s": {str(k): v for k, v in self.chain_s.items()},
             "call_s": self.call_s,
             "kernels": [asdict(k) for k in self.kernels],
+            "parallel_overhead_s": self.parallel_overhead_s,
+            "efficiency_with_parallel_term": self.efficiency_with_parallel_term(),
         }
+
+    def efficiency_with_parallel_term(self) -> dict[str, float]:
+        """Rule efficiencies for a model that charges ``parallel_overhead_s`` to parallel
+        kernels separately (the figures above include it in the body)."""
+        effs = [replace(k, efficiency=kernel_efficiency(
+            k.roofline_s, k.internal_s,
+            max(k.measured_s - self.call_s - (self.parallel_overhead_s if k.parallel else 0.0),
+                1e-9)))
+            for k in self.kernels]
+        return aggregate(effs)
 
 
 def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
@@ -342,11 +377,14 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
     memory = tuple(replace(lvl, bandwidth_bytes_per_s=v) for lvl, v in zip(base.memory, fixed,
                                                                              strict=True))
     launch, chain = measure_launch(runner, thorough)
+    par_launch, _ = measure_launch(runner, thorough, parallel=base.num_cores)
     call = measure_call(runner)
-    say(f"VM launch overhead {launch * 1e6:.2f} us/kernel (direct call {call * 1e6:.2f} us)")
+    par = max(par_launch - launch, 0.0) if base.num_cores > 1 else 0.0
+    say(f"VM launch overhead {launch * 1e6:.2f} us/kernel (direct call {call * 1e6:.2f} us); "
+        f"thread-pool start/join {par * 1e6:.2f} us")
     spec = replace(base, name=f"{base.name}-calibrated", memory=memory, launch_overhead_s=launch)
     effs = measure_rules(runner, spec, call, thorough, say) if rules else []
     if effs:
         spec = spec.with_efficiency(aggregate(effs))
         say("efficiency: " + ", ".join(f"{k}={v:.3f}" for k, v in spec.efficiency.items()))
-    return CalibrationResult(spec, bw, launch, chain, call, effs)
+    return CalibrationResult(spec, bw, launch, chain, call, effs, par)

@@ -70,6 +70,11 @@ class KernelRow:
     measured_in_vm_s: float  # alone - call + VM launch overhead
     predicted_body_s: float
     measured_body_s: float
+    parallel: bool = False
+    roofline_s: float = 0.0
+    internal_s: float = 0.0
+    #: Prediction of the model with a thread-pool term (see :func:`with_parallel_term`).
+    predicted_alt_s: float | None = None
 
 
 @dataclass
@@ -94,6 +99,7 @@ class ModelRow:
 class PredictionReport:
     hardware: dict
     call_s: float
+    parallel_overhead_s: float = 0.0
     kernels: list[KernelRow] = field(default_factory=list)
     models: list[ModelRow] = field(default_factory=list)
 
@@ -115,12 +121,25 @@ class PredictionReport:
             "median_ape_raw": median_ape([r.predicted_s for r in k], [r.measured_s for r in k]),
             "median_speedup_error": float(np.median(errs)) if errs else float("nan"),
             "max_speedup_error": float(np.max(errs)) if errs else float("nan"),
+            **self._alt_summary(),
+        }
+
+    def _alt_summary(self) -> dict:
+        k = [r for r in self.kernels if r.predicted_alt_s is not None]
+        if not k:
+            return {}
+        return {
+            "spearman_with_parallel_term": spearman([r.predicted_alt_s for r in k],
+                                                    [r.measured_in_vm_s for r in k]),
+            "median_ape_with_parallel_term": median_ape([r.predicted_alt_s for r in k],
+                                                        [r.measured_in_vm_s for r in k]),
         }
 
     def to_json(self) -> dict:
         return {
             "hardware": self.hardware,
             "call_s": self.call_s,
+            "parallel_overhead_s": self.parallel_overhead_s,
             "summary": self.summary(),
             "models": [asdict(m) for m in self.models],
             "kernels": [asdict(k) for k in self.kernels],
@@ -155,6 +174,11 @@ class PredictionReport:
             f"end-to-end speedup over FuseOps: median error {100 * s['median_speedup_error']:.1f}%"
             f", max {100 * s['max_speedup_error']:.1f}%",
         ]
+        if "spearman_with_parallel_term" in s:
+            lines.append(
+                f"with a thread-pool term ({self.parallel_overhead_s * 1e6:.1f} us per parallel "
+                f"kernel, not in the spec yet): Spearman {s['spearman_with_parallel_term']:.3f}"
+                f", median abs error {100 * s['median_ape_with_parallel_term']:.1f}%")
         return "\n".join(lines)
 
 
@@ -165,11 +189,27 @@ def _time_model(runner: Runner, cm, feeds, rounds: int) -> list[float]:
     return [runner.time_vm(vm, args, repeat=3) for _ in range(rounds)]
 
 
+@dataclass(frozen=True)
+class ParallelTerm:
+    """A model variant the spec cannot express yet: ``overhead_s`` more for every kernel with a
+    parallel loop, with rule efficiencies fitted without it (``CalibrationResult``)."""
+
+    overhead_s: float
+    efficiency: dict
+
+    def predict(self, launch_s: float, rule: str, roofline_s: float, internal_s: float,
+                parallel: bool, fallback_eff: float) -> float:
+        eff = self.efficiency.get(rule, fallback_eff)
+        return (launch_s + roofline_s / eff + internal_s
+                + (self.overhead_s if parallel else 0.0))
+
+
 def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
-                 rounds: int = 5, log: Callable[[str], None] | None = None
-                 ) -> tuple[ModelRow, list[KernelRow]]:
+                 rounds: int = 5, log: Callable[[str], None] | None = None,
+                 alt: ParallelTerm | None = None) -> tuple[ModelRow, list[KernelRow]]:
     """Per-kernel and end-to-end comparison for one model (ONNX model or path)."""
     from ..api import compile as ft_compile
+    from .micro import is_parallel
 
     say = log or (lambda _m: None)
     target = str(runner.target.kind.name)
@@ -187,9 +227,16 @@ def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
             skipped.append(f"{k.func_name}: {err}")
             continue
         pred = k.group.predicted_time_s
+        roof = max(k.detail.get("compute_s", 0.0), k.detail.get("memory_s", 0.0))
+        internal = k.detail.get("internal_s", 0.0)
+        par = is_parallel(k.func)
+        alt_pred = None
+        if alt is not None:
+            fallback = ours.plan.cost_model_obj.efficiency(k.group.rule)
+            alt_pred = alt.predict(launch, k.group.rule, roof, internal, par, fallback)
         rows.append(KernelRow(
             name, k.func_name, k.rule, len(k.group.ops), pred, t, max(t - call_s, 0) + launch,
-            max(pred - launch, 1e-12), max(t - call_s, 1e-12),
+            max(pred - launch, 1e-12), max(t - call_s, 1e-12), par, roof, internal, alt_pred,
         ))
     # Whole models, interleaved so that a noisy neighbour slows both alike.
     t_ours, t_base = [], []
@@ -218,18 +265,19 @@ def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
 
 
 def zoo_report(models: Sequence[str], hw, runner: Runner, call_s: float, small: bool = True,
-               rounds: int = 5, log: Callable[[str], None] | None = None) -> PredictionReport:
+               rounds: int = 5, log: Callable[[str], None] | None = None,
+               alt: ParallelTerm | None = None) -> PredictionReport:
     """The report over zoo models (``benchmarks.zoo`` must be importable)."""
     from benchmarks import zoo
 
     from ..cost_models.presets import get_hardware
 
     spec = get_hardware(hw)
-    report = PredictionReport(spec.to_json(), call_s)
+    report = PredictionReport(spec.to_json(), call_s, alt.overhead_s if alt else 0.0)
     for name in models:
         model = zoo.get_model(name, small=small)
         feeds = zoo.example_inputs(model)
-        row, rows = model_report(name, model, feeds, spec, runner, call_s, rounds, log)
+        row, rows = model_report(name, model, feeds, spec, runner, call_s, rounds, log, alt)
         report.models.append(row)
         report.kernels.extend(rows)
     return report
