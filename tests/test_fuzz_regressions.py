@@ -65,13 +65,11 @@ def test_symbolic_dims_not_shared_between_fused_functions():
     _check(model, {"x": x})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "llvm_cpu 'reduction' rule: the consumer (concat) is computed at the reduction's row "
-    "loop, so only the rows the reduction produces are written; rows 2..3 of the output "
-    "(the constant's part) stay uninitialized -> wrong values/NaN"))
 def test_reduce_then_concat_writes_every_row():
     """Found by seeds 0/3 with NaN feeds (tests/test_bad_inputs.py): ReduceMax over the last
-    axis of x[2,3,5] then Concat with a [2,3] constant on axis 0 -> y[4,3]."""
+    axis of x[2,3,5] then Concat with a [2,3] constant on axis 0 -> y[4,3]. The llvm_cpu
+    'reduction' rule computed the concat at the reduction's row loop, so rows 2..3 (the
+    constant's part) were never written (uninitialized -> wrong values / NaN)."""
     w = np.arange(6, dtype=np.float32).reshape(2, 3) / 6
     x = np.random.default_rng(0).uniform(-1, 1, (2, 3, 5)).astype(np.float32)
     model = _model([helper.make_node("ReduceMax", ["x"], ["r"], axes=[2], keepdims=0),
@@ -81,12 +79,10 @@ def test_reduce_then_concat_writes_every_row():
     np.testing.assert_allclose(y, np.concatenate([x.max(2), w]), rtol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "llvm_cpu 'reduction' rule: a producer shared by the reduction and a second consumer "
-    "(slice) is computed inside the reduction loop; FlattenBuffer then fails with 'Buffer "
-    "compute_intermediate is used before its definition'"))
 def test_reduce_and_slice_share_a_producer():
-    """Found by seeds 6, 88, 92: Neg -> {ReduceSum(all axes, keepdims), Slice}, one group."""
+    """Found by seeds 6, 88, 92: Neg -> {ReduceSum(all axes, keepdims), Slice}, one group. The
+    llvm_cpu 'reduction' rule computed the shared producer inside the reduction loop; FlattenBuffer
+    then failed: 'Buffer compute_intermediate is used before its definition'."""
     x = np.array([[0.5, -0.25]], np.float32)
     model = _model(
         [helper.make_node("Neg", ["x"], ["a"]),
@@ -161,12 +157,10 @@ def test_rank0_input():
     np.testing.assert_array_equal(y, x + 2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "llvm_cpu elementwise rule vectorises tirx.cosh / tirx.sinh, which LLVM codegen has no "
-    "vector lowering for: 'unknown intrinsic tirx.cosh' (erf is already kept scalar)"))
 @pytest.mark.parametrize("op", ["Cosh", "Sinh"])
 def test_hyperbolic_ops_schedule(op):
-    """ONNX node test test_cosh (stock passes, ours fails; schedule=False builds)."""
+    """ONNX node test test_cosh: the llvm_cpu elementwise rule vectorised tirx.cosh/sinh, which
+    LLVM codegen cannot lower ('unknown intrinsic tirx.cosh'); fixed in 725d76b."""
     model = _model([helper.make_node(op, ["x"], ["y"])], [("x", [3, 4])], [("y", [3, 4])])
     x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
     (y,) = fusion_tvm.compile(model, hw=HW, fusion="none", schedule=True).run({"x": x})
