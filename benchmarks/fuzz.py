@@ -65,6 +65,8 @@ def fuzz(
         case = random_model(s, min_ops, max_ops)
         result = check_case(case, schedule=sched, always_unfused=always_unfused)
         kinds[result.kind] += 1
+        if (s - seed + 1) % 100 == 0:
+            log(f"... {s - seed + 1} graphs, {dict(kinds)}")
         if result.ok:
             continue
         entry = {"seed": s, "schedule": sched, "kind": result.kind, "detail": result.detail,
@@ -81,8 +83,6 @@ def fuzz(
             log(f"  reduced {len(case.model.graph.node)} -> {len(small.model.graph.node)} "
                 f"nodes: {path.relative_to(ROOT)}")
         failures.append(entry)
-        if (s - seed + 1) % 100 == 0:
-            log(f"... {s - seed + 1} graphs, {dict(kinds)}")
     return {
         "first_seed": seed, "count": count, "ops": [min_ops, max_ops], "schedule": schedule,
         "kinds": dict(kinds), "failures": failures,
