@@ -92,6 +92,9 @@ class NestCost:
     ops: dict[str, float]  # operator instances per iteration, by DSP_PER_OP key
     accumulates: bool  # innermost loop carries a reduction
     stream_bound: bool = False  # reads / writes a stream each iteration: no unroll
+    # an accumulation carried by an outer loop: the same element comes back every
+    # inner_extent / unroll iterations, which must cover the adder latency for II = 1
+    recurrence: bool = False
     unroll: int = 1
     ii: int = 1
     depth: int = 1
@@ -169,7 +172,11 @@ def price_nest(nest: NestCost, fixed: bool, unroll: int | None = None) -> NestCo
     # An unrolled reduction adds through a tree of log2(u) adders.
     if nest.accumulates and u > 1:
         depth += int(math.log2(u)) * LATENCY["add"][col]
-    ii = LATENCY["add"][col] if (nest.accumulates and not fixed) else 1
+    ii = 1
+    if nest.accumulates and not fixed:
+        ii = LATENCY["add"][col]
+    elif nest.recurrence and not fixed:
+        ii = max(1, math.ceil(LATENCY["add"][col] * u / max(1, nest.inner_extent)))
     cycles = math.ceil(nest.trips / u) * ii + depth
     return replace(nest, unroll=u, ii=ii, depth=depth, cycles=float(cycles), dsp=float(dsp))
 
@@ -194,16 +201,31 @@ def choose_unroll(nests: list[NestCost], fixed: bool, dsp_budget: float,
             n = nests[i]
             if n.stream_bound:
                 continue
-            nxt = [u for u in _valid_unrolls(n.inner_extent, max_unroll) if u > n.unroll]
-            if not nxt:
-                continue
-            cand = price_nest(n, fixed, nxt[0])
-            if total - n.dsp + cand.dsp <= dsp_budget and cand.cycles < n.cycles:
-                best = (i, cand)
+            # the next factor that helps (II may grow with the unroll, so not always the next)
+            for u in (u for u in _valid_unrolls(n.inner_extent, max_unroll) if u > n.unroll):
+                cand = price_nest(n, fixed, u)
+                if total - n.dsp + cand.dsp > dsp_budget:
+                    break
+                if cand.cycles < n.cycles:
+                    best = (i, cand)
+                    break
+            if best is not None:
                 break
         if best is None:
             return nests
         nests[best[0]] = best[1]
+
+
+def interchange_pays(nest: NestCost, spatial_extent: int, fixed: bool,
+                     dsp_budget: float, max_unroll: int = MAX_UNROLL) -> bool:
+    """Whether moving a spatial loop of ``spatial_extent`` inside the reduction beats
+    keeping the reduction innermost (each at its best unroll under ``dsp_budget``)."""
+    if fixed or not nest.accumulates or spatial_extent < 2:
+        return False
+    moved = replace(nest, inner_extent=spatial_extent, accumulates=False, recurrence=True)
+    (a,) = choose_unroll([nest], fixed, dsp_budget, max_unroll)
+    (b,) = choose_unroll([moved], fixed, dsp_budget, max_unroll)
+    return b.cycles < a.cycles
 
 
 # ------------------------------------------------------------------ graph-level model
@@ -268,17 +290,17 @@ def estimate_group(graph: FusionGraph, group: Iterable[int], hw: HardwareSpec,
 
             trips = _elems(b.domain, dims)
             inner = int(evaluate(b.domain[-1], dims)) if b.domain else 1
-            accumulates = b.num_reduce_axes > 0
-            if accumulates and not fixed:
-                # the schedule moves a spatial loop covering the adder latency innermost
-                spatial = [int(evaluate(d, dims)) for d in b.domain[:len(b.domain)
-                                                                   - b.num_reduce_axes]]
-                wide = [e for e in spatial if e >= LATENCY["add"][0]]
-                if wide:
-                    accumulates, inner = False, wide[-1]
             streamed = external and not (node.is_reduction or node.is_contraction)
-            nests.append(NestCost(f"{node.name}.{b.name}", trips, inner, nest_ops,
-                                  accumulates=accumulates, stream_bound=streamed))
+            nest = NestCost(f"{node.name}.{b.name}", trips, inner, nest_ops,
+                            accumulates=b.num_reduce_axes > 0, stream_bound=streamed)
+            spatial = [int(evaluate(d, dims))
+                       for d in b.domain[:len(b.domain) - b.num_reduce_axes]]
+            # the schedule moves the last spatial loop innermost when that is faster
+            if spatial and interchange_pays(nest, spatial[-1], fixed,
+                                            fpga.dsp * config.dsp_share, config.max_unroll):
+                nest = replace(nest, inner_extent=spatial[-1], accumulates=False,
+                               recurrence=True)
+            nests.append(nest)
         if inside and not external:
             buffers += bram_blocks(graph.tensors[node.outputs[0]].nbytes(dims) * 8 / 32, bits)
     # Stream hand-off: inputs read by a contraction / reduction are buffered first

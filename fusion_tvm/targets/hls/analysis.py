@@ -112,8 +112,9 @@ class LeafBlock:
         inner = int_value(self.loops[-1].extent) if self.loops else 1
         ops: dict[str, float] = {}
         count_ops(self.block.body.value, ops)
-        return NestCost(self.name, trips, inner, ops, accumulates=self.innermost_reduces,
-                        stream_bound=stream_bound)
+        inner_red = self.innermost_reduces
+        return NestCost(self.name, trips, inner, ops, accumulates=inner_red,
+                        stream_bound=stream_bound, recurrence=self.has_reduce and not inner_red)
 
     @property
     def innermost_reduces(self) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ...cost_models.fpga import LATENCY, FpgaConfig, choose_unroll
+from ...cost_models.fpga import FpgaConfig, choose_unroll, interchange_pays
 from ..base import ScheduleRule
 from .analysis import (
     PIPELINE_ATTR,
@@ -42,13 +42,13 @@ def _annotate(sch: s_tir.Schedule, hw, config: FpgaConfig) -> s_tir.Schedule:
     return sch
 
 
-def _spatial_innermost(sch: s_tir.Schedule, lb) -> None:
+def _spatial_innermost(sch: s_tir.Schedule, lb, dsp_budget: float, max_unroll: int) -> None:
     """Move a spatial loop inside the reduction loops of an fp32 accumulation.
 
     ``C[i, j] += A[i, k] * B[k, j]`` pipelined over ``k`` waits for the adder each
     iteration (II = adder latency); with ``j`` innermost consecutive iterations update
-    different elements and the loop runs at II = 1 -- the usual HLS interchange. Only
-    when the spatial extent covers the adder latency.
+    different elements, at II = 1 while ``extent / unroll`` covers the adder latency --
+    the usual HLS interchange. Done when the FPGA model says it is faster.
     """
     if not lb.has_reduce or len(lb.loops) < 2:
         return
@@ -61,11 +61,13 @@ def _spatial_innermost(sch: s_tir.Schedule, lb) -> None:
         kinds.append(kind)
     if kinds[-1] != "reduce":
         return
-    spatial = [k for k, kind in enumerate(kinds) if kind == "spatial"
-               and int(lb.loops[k].extent.value) >= LATENCY["add"][0]]
+    spatial = [k for k, kind in enumerate(kinds) if kind == "spatial"]
     if not spatial:
         return
     k = spatial[-1]
+    if not interchange_pays(lb.nest(), int(lb.loops[k].extent.value), False, dsp_budget,
+                            max_unroll):
+        return
     loops = sch.get_loops(sch.get_sblock(lb.name))
     order = [loops[i] for i in range(k + 1, len(loops))] + [loops[k]]
     try:
@@ -103,8 +105,9 @@ class HlsPipeline(ScheduleRule):
             except Exception:  # noqa: BLE001 - TVM refuses what it cannot inline; keep it
                 continue
         if self.config.fixed_bits is None:
+            budget = hw.fpga.dsp * self.config.dsp_share
             for lb in leaf_blocks(sch.mod["main"]):
-                _spatial_innermost(sch, lb)
+                _spatial_innermost(sch, lb, budget, self.config.max_unroll)
         return _annotate(sch, hw, self.config)
 
 
