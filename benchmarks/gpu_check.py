@@ -12,9 +12,10 @@ For every model (``name`` or ``name:key=value,...`` as ``benchmarks/run.py`` tak
    compiles it when the module loads, with nvcc unless cuda-bindings provide NVRTC);
 2. **tvm_default**: TVM's own CUDA pipeline on the same Relax module (``LegalizeOps``,
    ``FuseOps``, ``FuseTIR``, dlight's default GPU rules), built and checked the same way;
-3. on a GPU: both run on ``tvm.cuda(0)``; outputs are compared with onnxruntime (CPU) on the
-   same feeds; latency is the median of ``--repeat`` synchronised runs after warm-up;
-   PyTorch (eager, CUDA) of the same graph is timed too when torch sees a GPU.
+3. on a GPU: both run on ``tvm.cuda(0)``; outputs are compared with onnxruntime (CPU) on
+   the same feeds (the unfused LLVM build when onnxruntime is missing); latency is the
+   median of ``--repeat`` synchronised runs after warm-up; PyTorch (eager, CUDA) of the
+   same graph is timed too when torch sees a GPU.
 
 A global ``--budget-s`` (default 420 s, so ``gpu_check.sh`` fits 8 minutes) skips the models
 left when it runs out, and says so. Exit status: 0 when everything that ran agrees with
@@ -246,7 +247,13 @@ def check_model(label: str, model, args, arch: str, target, workdir: Path, on_gp
     if not on_gpu:
         return row
 
-    ref = run_ort(model, feeds)
+    try:
+        ref, row["reference"] = run_ort(model, feeds), "onnxruntime (CPU)"
+    except ImportError:  # no onnxruntime here: the unfused CPU build of the same model
+        import fusion_tvm
+
+        cpu = fusion_tvm.compile(model, target="llvm", hw="host", fusion="none")
+        ref, row["reference"] = cpu.run(feeds), "fusion_tvm llvm, unfused"
     for key, exe in (("ours", ours.executable), ("tvm_default", stock_exe)):
         if exe is None:
             continue
@@ -257,7 +264,8 @@ def check_model(label: str, model, args, arch: str, target, workdir: Path, on_gp
                             latency_ms=statistics.median(timed(feeds, args.repeat)) * 1e3)
             if not good:
                 row["ok"] = row["ok"] and key != "ours"
-                row["errors"].append(f"{key}: outputs differ from onnxruntime (max {err:.3g})")
+                row["errors"].append(
+                    f"{key}: outputs differ from {row['reference']} (max {err:.3g})")
         except Exception as e:  # noqa: BLE001
             row[key]["error"] = short(e)
             if key == "ours":
