@@ -368,8 +368,12 @@ def main(argv=None) -> int:
             progress(f"{label}: skipped (budget {args.budget_s:.0f} s spent)")
             continue
         progress(f"{label}: building for {args.hw} ({arch})")
-        model = zoo.get_model(name, small=args.small, **kwargs)
-        rows.append(check_model(label, model, args, arch, target, workdir, on_gpu))
+        try:
+            model = zoo.get_model(name, small=args.small, **kwargs)
+            rows.append(check_model(label, model, args, arch, target, workdir, on_gpu))
+        except Exception as e:  # noqa: BLE001 - one model's failure is reported, not fatal
+            traceback.print_exc()
+            rows.append({"model": label, "ok": False, "errors": [short(e)]})
         _write(args.out, info, rows, start)
     _write(args.out, info, rows, start)
     print(table(rows))
