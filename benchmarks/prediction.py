@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="real model sizes (slow)")
     ap.add_argument("--hw", help="calibrated spec JSON to use instead of calibrating now")
     ap.add_argument("--thorough", action="store_true", help="thorough calibration")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved whole-model rounds")
+    ap.add_argument("--rounds", type=int, default=21, help="interleaved whole-model rounds")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
 

@@ -233,6 +233,20 @@ def _transpose(a, b, c):
 class Workload:
     name: str
     build: Callable[[], tvm.IRModule]
+    fallback_only: bool = False  # schedule with the Fallback rule alone (as a model would
+    # when no template matches)
+
+
+def _fallback_backend():
+    from ..targets.llvm_cpu import Fallback, LLVMCPUBackend
+
+    class FallbackOnly(LLVMCPUBackend):
+        """The llvm backend with its last rule only."""
+
+        def schedule_rules(self, hw):
+            return (Fallback(),)
+
+    return FallbackOnly()
 
 
 def workloads(thorough: bool = False) -> list[Workload]:
@@ -247,6 +261,7 @@ def workloads(thorough: bool = False) -> list[Workload]:
         Workload("bias_relu_64x256", lambda: _bias_relu(64, 256)),
         Workload("bias_relu_512x1024", lambda: _bias_relu(512, 1024)),
         Workload("transpose_16x64x32", lambda: _transpose(16, 64, 32)),
+        Workload("fallback_matmul_32x64x64", lambda: _matmul(32, 64, 64), fallback_only=True),
     ]
     if thorough:
         w += [
@@ -258,6 +273,8 @@ def workloads(thorough: bool = False) -> list[Workload]:
             Workload("layernorm_16x64", lambda: _layernorm(16, 64)),
             Workload("bias_relu_16x64", lambda: _bias_relu(16, 64)),
             Workload("transpose_64x128x64", lambda: _transpose(64, 128, 64)),
+            Workload("fallback_matmul_64x128x128", lambda: _matmul(64, 128, 128),
+                     fallback_only=True),
         ]
     return w
 
@@ -291,7 +308,10 @@ def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: boo
     probe = replace(hw, efficiency={r: 1.0 for r in RULES}, launch_overhead_s=0.0)
     out = []
     for w in workloads(thorough):
-        cm = ft_compile(w.build(), target=_target_kind(runner), hw=probe)
+        target = _target_kind(runner)
+        if w.fallback_only and target == "llvm":
+            target = _fallback_backend()
+        cm = ft_compile(w.build(), target=target, hw=probe)
         for k in plan_kernels(cm):
             if k.func is None or not k.detail:
                 continue

@@ -205,7 +205,7 @@ class ParallelTerm:
 
 
 def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
-                 rounds: int = 5, log: Callable[[str], None] | None = None,
+                 rounds: int = 15, log: Callable[[str], None] | None = None,
                  alt: ParallelTerm | None = None) -> tuple[ModelRow, list[KernelRow]]:
     """Per-kernel and end-to-end comparison for one model (ONNX model or path)."""
     from ..api import compile as ft_compile
@@ -238,19 +238,23 @@ def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
             name, k.func_name, k.rule, len(k.group.ops), pred, t, max(t - call_s, 0) + launch,
             max(pred - launch, 1e-12), max(t - call_s, 1e-12), par, roof, internal, alt_pred,
         ))
-    # Whole models, interleaved so that a noisy neighbour slows both alike.
+    # Whole models, interleaved in short paired rounds: a neighbour's burst slows both sides
+    # of a round alike, and the median of the per-round ratios discards the rounds it split.
+    vm_ours, vm_base = runner.vm(ours.executable), runner.vm(base.executable)
+    vm_args = [runner.tensor(np.ascontiguousarray(feeds[n])) for n in ours.input_names]
     t_ours, t_base = [], []
-    vm_args = None
-    if runner.device is not None:
-        vm_ours, vm_base = runner.vm(ours.executable), runner.vm(base.executable)
-        vm_args = [runner.tensor(np.ascontiguousarray(feeds[n])) for n in ours.input_names]
-        for _ in range(rounds):
-            t_ours.append(runner.time_vm(vm_ours, vm_args, repeat=3))
-            t_base.append(runner.time_vm(vm_base, vm_args, repeat=3))
+    for r in range(rounds):
+        if r % 2:  # alternate which side runs first
+            t_base.append(runner.time_vm(vm_base, vm_args, repeat=1))
+            t_ours.append(runner.time_vm(vm_ours, vm_args, repeat=1))
+        else:
+            t_ours.append(runner.time_vm(vm_ours, vm_args, repeat=1))
+            t_base.append(runner.time_vm(vm_base, vm_args, repeat=1))
     m_ours, m_base = float(np.median(t_ours)), float(np.median(t_base))
+    ratios = np.asarray(t_base) / np.asarray(t_ours)
     plan = ours.plan
     p_speed = plan.predicted_speedup
-    m_speed = m_base / m_ours if m_ours > 0 else None
+    m_speed = float(np.median(ratios))
     err = abs(p_speed - m_speed) / m_speed if p_speed and m_speed else None
     row = ModelRow(
         name, ours.num_kernels, base.num_kernels, plan.predicted_time_s, plan.fuseops_time_s,
@@ -265,7 +269,7 @@ def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
 
 
 def zoo_report(models: Sequence[str], hw, runner: Runner, call_s: float, small: bool = True,
-               rounds: int = 5, log: Callable[[str], None] | None = None,
+               rounds: int = 15, log: Callable[[str], None] | None = None,
                alt: ParallelTerm | None = None) -> PredictionReport:
     """The report over zoo models (``benchmarks.zoo`` must be importable)."""
     from benchmarks import zoo
