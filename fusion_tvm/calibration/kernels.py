@@ -30,6 +30,8 @@ class Kernel:
     func_name: str
     func: tirx.PrimFunc | None
     detail: dict = field(default_factory=dict)
+    graph: object = field(default=None, repr=False)  # FusionGraph of the block
+    members: frozenset = field(default=frozenset(), repr=False)
 
     @property
     def rule(self) -> str:
@@ -82,7 +84,7 @@ def plan_kernels(cm) -> list[Kernel]:
             if name is None and expect in prims:
                 name = expect
             detail = dict(model.estimate(graph, g).detail) if model is not None else {}
-            kernels.append(Kernel(gp, name or expect, prims.get(name), detail))
+            kernels.append(Kernel(gp, name or expect, prims.get(name), detail, graph, g))
     return kernels
 
 

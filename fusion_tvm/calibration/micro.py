@@ -28,6 +28,7 @@ from tvm import relax
 from tvm.script import tirx as T
 
 from ..cost_models.hardware import HardwareSpec, MemoryLevel
+from ..ops import OpClass
 from ._timing import Runner
 from .kernels import plan_kernels, time_kernel
 
@@ -229,12 +230,27 @@ def _transpose(a, b, c):
     return _module(build, [("x", (a, b, c))])
 
 
+def _unary(op: str, m: int, n: int):
+    def build(bb, a):
+        x = a[0]
+        if op == "power3":
+            return bb.emit(relax.op.power(x, relax.const(3.0, "float32")))
+        return bb.emit(getattr(relax.op, op)(x))
+    return _module(build, [("x", (m, n))])
+
+
+#: Per-element transcendental kernels: their throughput sets the spec's transcendental peak
+#: (libm calls such as powf / erff / tanhf run far below the FMA peak / 16 of a preset).
+TRANSCENDENTAL = ("tanh", "erf", "exp", "sigmoid", "power3")
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
     build: Callable[[], tvm.IRModule]
     fallback_only: bool = False  # schedule with the Fallback rule alone (as a model would
     # when no template matches)
+    transcendental: bool = False  # calibrates the transcendental peak, not a rule
 
 
 def _fallback_backend():
@@ -262,6 +278,8 @@ def workloads(thorough: bool = False) -> list[Workload]:
         Workload("bias_relu_512x1024", lambda: _bias_relu(512, 1024)),
         Workload("transpose_16x64x32", lambda: _transpose(16, 64, 32)),
         Workload("fallback_matmul_32x64x64", lambda: _matmul(32, 64, 64), fallback_only=True),
+        *(Workload(f"{op}_32x256", lambda op=op: _unary(op, 32, 256), transcendental=True)
+          for op in TRANSCENDENTAL),
     ]
     if thorough:
         w += [
@@ -275,6 +293,8 @@ def workloads(thorough: bool = False) -> list[Workload]:
             Workload("transpose_64x128x64", lambda: _transpose(64, 128, 64)),
             Workload("fallback_matmul_64x128x128", lambda: _matmul(64, 128, 128),
                      fallback_only=True),
+            *(Workload(f"{op}_128x256", lambda op=op: _unary(op, 128, 256), transcendental=True)
+              for op in TRANSCENDENTAL),
         ]
     return w
 
@@ -289,6 +309,8 @@ class KernelEfficiency:
     measured_s: float
     efficiency: float
     parallel: bool = False
+    transcendental_flops: float = 0.0
+    calibrates: str = ""  # the rule, or "transcendental"
 
 
 def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> float:
@@ -300,9 +322,10 @@ def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> fl
 
 
 def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: bool = False,
-                  log: Callable[[str], None] | None = None) -> list[KernelEfficiency]:
-    """Efficiency of every kernel of the representative workloads (``hw`` supplies the
-    roofline: peaks and the calibrated bandwidths)."""
+                  log: Callable[[str], None] | None = None) -> list[tuple]:
+    """Time every kernel of the representative workloads; returns ``(KernelEfficiency,
+    graph, group)`` triples (``hw`` supplies the roofline: peaks and calibrated bandwidths;
+    the graphs let :func:`refit` re-estimate under a changed spec without re-timing)."""
     from ..api import compile as ft_compile
 
     probe = replace(hw, efficiency={r: 1.0 for r in RULES}, launch_overhead_s=0.0)
@@ -319,11 +342,43 @@ def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: boo
             internal = k.detail.get("internal_s", 0.0)
             measured = time_kernel(runner, k.func)
             eff = kernel_efficiency(roof, internal, max(measured - call_s, 1e-9))
-            out.append(KernelEfficiency(w.name, k.func_name, k.rule, roof, internal, measured,
-                                        eff, is_parallel(k.func)))
+            trans = sum(k.graph.nodes[i].flops(k.graph.dims).get(OpClass.TRANSCENDENTAL, 0.0)
+                        for i in k.members)
+            e = KernelEfficiency(w.name, k.func_name, k.rule, roof, internal, measured, eff,
+                                 is_parallel(k.func), float(trans),
+                                 "transcendental" if w.transcendental else k.rule)
+            out.append((e, k.graph, k.members))
             if log:
-                log(f"  {w.name:<22} {k.func_name[:40]:<40} {k.rule:<11} "
+                log(f"  {w.name:<26} {k.func_name[:36]:<36} {k.rule:<11} "
                     f"{measured * 1e6:9.1f} us  eff {eff:.3f}")
+    return out
+
+
+def transcendental_peak(effs: Sequence[KernelEfficiency], call_s: float,
+                        elementwise_eff: float) -> float | None:
+    """Transcendental FLOP/s such that the model predicts the measured per-element kernels:
+    ``flops / (peak * efficiency) = body`` (geometric mean over the kernels)."""
+    rates = [e.transcendental_flops / max(e.measured_s - call_s, 1e-9) / elementwise_eff
+             for e in effs if e.calibrates == "transcendental" and e.transcendental_flops > 0]
+    if not rates:
+        return None
+    return float(math.exp(np.mean(np.log(rates))))
+
+
+def refit(measured: Sequence[tuple], spec: HardwareSpec, call_s: float) -> list[KernelEfficiency]:
+    """Efficiencies re-derived under ``spec`` (new peaks) from the same measurements."""
+    from ..cost_models.roofline import RooflineCostModel
+    from ..targets.base import get_backend
+
+    model = RooflineCostModel(replace(spec, efficiency={r: 1.0 for r in RULES},
+                                      launch_overhead_s=0.0), get_backend("llvm"))
+    out = []
+    for e, graph, group in measured:
+        d = model.estimate(graph, group).detail
+        roof = max(d.get("compute_s", 0.0), d.get("memory_s", 0.0))
+        internal = d.get("internal_s", 0.0)
+        eff = kernel_efficiency(roof, internal, max(e.measured_s - call_s, 1e-9))
+        out.append(replace(e, roofline_s=roof, internal_s=internal, efficiency=eff))
     return out
 
 
@@ -337,10 +392,12 @@ def _target_kind(runner: Runner) -> str:
 
 
 def aggregate(effs: Sequence[KernelEfficiency]) -> dict[str, float]:
-    """Geometric mean of the efficiencies of each rule's kernels."""
+    """Geometric mean of the efficiencies of each rule's kernels (the per-element
+    transcendental kernels calibrate the transcendental peak instead)."""
     by_rule: dict[str, list[float]] = {}
     for e in effs:
-        by_rule.setdefault(e.rule, []).append(e.efficiency)
+        if e.calibrates != "transcendental":
+            by_rule.setdefault(e.rule, []).append(e.efficiency)
     return {r: float(math.exp(np.mean(np.log(v)))) for r, v in by_rule.items()}
 
 
@@ -403,8 +460,20 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
     say(f"VM launch overhead {launch * 1e6:.2f} us/kernel (direct call {call * 1e6:.2f} us); "
         f"thread-pool start/join {par * 1e6:.2f} us")
     spec = replace(base, name=f"{base.name}-calibrated", memory=memory, launch_overhead_s=launch)
-    effs = measure_rules(runner, spec, call, thorough, say) if rules else []
+    measured = measure_rules(runner, spec, call, thorough, say) if rules else []
+    effs = [m[0] for m in measured]
     if effs:
+        # Two fixed-point steps: the transcendental peak depends on the elementwise rule's
+        # efficiency, and every efficiency on the peaks (exp in softmax, erf in epilogues).
+        for _ in range(2):
+            eff = aggregate(effs)
+            peak = transcendental_peak(effs, call, eff.get("elementwise", 1.0))
+            if peak:
+                flops = dict(spec.peak_flops)
+                flops[OpClass.TRANSCENDENTAL] = peak
+                spec = replace(spec, peak_flops=flops)
+                effs = refit(measured, spec, call)
         spec = spec.with_efficiency(aggregate(effs))
+        say(f"transcendental peak {spec.peak_flops[OpClass.TRANSCENDENTAL] / 1e9:.3f} GFLOP/s")
         say("efficiency: " + ", ".join(f"{k}={v:.3f}" for k, v in spec.efficiency.items()))
     return CalibrationResult(spec, bw, launch, chain, call, effs, par)
