@@ -317,3 +317,36 @@ def test_gpu_check_needs_a_gpu_or_dry_run(tmp_path):
     assert gpu_check.main(["--models", "mlp", "--out", str(tmp_path / "x.json")]) == 2
     assert gpu_check.main(["--dry-run", "--models", "alexnet"]) == 2
     assert gpu_check.main(["--dry-run", "--hw", "ci-x86-avx2"]) == 2
+
+
+# ------------------------------------------------------------------ schedules on the CPU
+def _check_schedules(name: str, hw: str = "a100") -> dict[str, str]:
+    """Every scheduled PrimFunc of ``name`` computes what its unscheduled original does."""
+    from tvm import tirx
+
+    from fusion_tvm.targets.cuda.emulate import check_schedule
+
+    parts = make_pipeline(target="cuda", hw=hw)
+    with parts.target:
+        fused = parts.fuse(parts.prepare(load_model(zoo.get_model(name, small=True)).mod))
+        scheduled = parts.schedule(fused)
+    rules = {}
+    for gvar, func in fused.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            sched = scheduled[gvar.name_hint]
+            result = check_schedule(func, sched)
+            assert result.ok, (gvar.name_hint, result)
+            rules[gvar.name_hint] = str(sched.attrs["fusion_tvm.rule"])
+    return rules
+
+
+def test_cuda_schedules_compute_the_same_serialised_on_cpu():
+    rules = _check_schedules("gpt2_2l")
+    assert {"matmul", "row_reduction", "contraction", "elementwise"} <= set(rules.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "bert_2l_s16", "vit_tiny", "mlp",
+                                  "detection_head", "mobilenetv2"])
+def test_cuda_schedules_compute_the_same_serialised_on_cpu_zoo(name):
+    print(name, _check_schedules(name))
