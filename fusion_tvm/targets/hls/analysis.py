@@ -51,7 +51,7 @@ def children(expr) -> list:
         return list(expr.indices)
     if isinstance(expr, tirx.Select):
         return [expr.condition, expr.true_value, expr.false_value]
-    if isinstance(expr, (tirx.Cast, tirx.Not)):
+    if isinstance(expr, (tirx.Cast, tirx.Not, tirx.BitwiseNot)):
         return [expr.value if isinstance(expr, tirx.Cast) else expr.a]
     if kind == "Call":
         return [a for a in expr.args if not isinstance(a, (str, int, float))]

@@ -47,7 +47,11 @@ _UNARY = {
 _BINOP = {
     tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.EQ: "==", tirx.NE: "!=", tirx.LT: "<",
     tirx.LE: "<=", tirx.GT: ">", tirx.GE: ">=", tirx.And: "&&", tirx.Or: "||",
+    tirx.LShift: "<<", tirx.RShift: ">>", tirx.BitwiseAnd: "&", tirx.BitwiseOr: "|",
+    tirx.BitwiseXor: "^",
 }
+_BIT_CALLS = {"shift_left": "<<", "shift_right": ">>", "bitwise_and": "&", "bitwise_or": "|",
+              "bitwise_xor": "^"}
 _INT_CTYPES = {"int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t",
                "uint8": "uint8_t", "uint32": "uint32_t", "uint64": "uint64_t", "bool": "bool"}
 
@@ -250,7 +254,7 @@ class KernelPrinter:
     # ------------------------------------------------------------------ types
     def ctype(self, dtype: str) -> str:
         if dtype.startswith("float") or dtype.startswith("bfloat"):
-            return "data_t"
+            return "float" if self._fctx else "data_t"
         if dtype in _INT_CTYPES:
             return _INT_CTYPES[dtype]
         raise UnsupportedOperatorError(f"dtype {dtype}", self.func_name,
@@ -282,8 +286,19 @@ class KernelPrinter:
         return cname + "".join(f"[{i}]" for i in idx)
 
     # ------------------------------------------------------------ expressions
+    _fctx = False  # printing in float, whatever data_t is
+
+    def _in_float(self, e) -> str:
+        saved, self._fctx = self._fctx, True
+        try:
+            return self.expr(e)
+        finally:
+            self._fctx = saved
+
     def ftype(self, e) -> str:
         """C type of a float expression: ``accum_t`` when it reads an accumulator."""
+        if self._fctx and dtype_of(e).startswith("float"):
+            return "float"
         if not self.dt.is_fixed or not dtype_of(e).startswith("float"):
             return "data_t"
         kind = type(e).__name__
@@ -298,6 +313,8 @@ class KernelPrinter:
     def _as(self, e, ctype: str) -> str:
         """``e`` printed, converted to ``ctype`` when its own type differs."""
         code = self.expr(e)
+        if self._fctx:
+            return code
         if self.dt.is_fixed and dtype_of(e).startswith("float") and self.ftype(e) != ctype:
             return f"{ctype}({code})"
         return code
@@ -310,11 +327,14 @@ class KernelPrinter:
                 return "true" if e.value else "false"
             return f"{self.ctype(dt)}({int(e.value)})"
         if isinstance(e, tirx.FloatImm):
-            return self.dt.literal(float(e.value))
+            return (DataType() if self._fctx else self.dt).literal(float(e.value))
         if kind == "Var":
             return cident(e.name)
         if kind in ("TensorLoad", "BufferLoad"):
-            return self._index(e.source if hasattr(e, "source") else e.buffer, e.indices)
+            code = self._index(e.source if hasattr(e, "source") else e.buffer, e.indices)
+            if self._fctx and dtype_of(e).startswith("float"):
+                return f"ft::to_float({code})"
+            return code
         if type(e) in _BINOP:
             ft = self.ftype(e.a) if dtype_of(e.a).startswith("float") else None
             if ft is not None and self.ftype(e.b) != ft:
@@ -346,10 +366,16 @@ class KernelPrinter:
             return f"ft::{fn}<{t}>({self.expr(e.a)}, {self.expr(e.b)})"
         if isinstance(e, tirx.Not):
             return f"(!{self.expr(e.a)})"
+        if isinstance(e, tirx.BitwiseNot):
+            return f"(~{self.expr(e.a)})"
         if isinstance(e, tirx.Select):
             return (f"({self.expr(e.condition)} ? {t}({self.expr(e.true_value)}) : "
                     f"{t}({self.expr(e.false_value)}))")
         if isinstance(e, tirx.Cast):
+            if self.dt.is_fixed and not is_f and dtype_of(e.value).startswith("float"):
+                # float -> int (exponent tricks, index math): evaluate the operand in float,
+                # fixed point would clamp its constants (e.g. 127 in ap_fixed<16,6>)
+                return f"static_cast<{self.ctype(dtype_of(e))}>({self._in_float(e.value)})"
             return f"static_cast<{self.ctype(dtype_of(e))}>({self.expr(e.value)})"
         if kind == "Call":
             name = "tirx." + getattr(e.op, "name", "").split(".")[-1]
@@ -360,6 +386,19 @@ class KernelPrinter:
                 return f"ft::{_UNARY[name]}({args[0]})"
             if name == "tirx.pow":
                 return f"ft::pow({self._as(e.args[0], t)}, {self._as(e.args[1], t)})"
+            if name[5:] in _BIT_CALLS and len(args) == 2:
+                return f"({args[0]} {_BIT_CALLS[name[5:]]} {args[1]})"
+            if name == "tirx.bitwise_not":
+                return f"(~{args[0]})"
+            if name == "tirx.reinterpret":
+                src = dtype_of(e.args[0])
+                if dtype_of(e) == "float32" and src in ("int32", "uint32"):
+                    return f"{t}(ft::bits_to_float(static_cast<int32_t>({args[0]})))"
+                if dtype_of(e) in ("int32", "uint32") and src == "float32":
+                    return (f"static_cast<{t}>(ft::float_to_bits("
+                            f"ft::to_float({self._in_float(e.args[0])})))")
+                raise UnsupportedOperatorError(name, self.cname, f"reinterpret {src} as "
+                                               f"{dtype_of(e)}")
             if name == "tirx.isnan":
                 return f"({args[0]} != {args[0]})"
             raise UnsupportedOperatorError(name, self.cname, "no HLS C++ translation")

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 
 #if defined(FT_USE_VENDOR_HLS) || defined(__SYNTHESIS__)
@@ -196,6 +197,18 @@ FT_UNARY(cos, std::cos(x))
 inline float pow(float a, float b) { return std::pow(a, b); }
 template <typename T>
 inline T pow(const T& a, const T& b) { return T(std::pow(to_float(a), to_float(b))); }
+
+// Bit casts between float32 and int32 (TIR reinterpret; e.g. TVM's fast_exp).
+inline float bits_to_float(int32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+inline int32_t float_to_bits(float f) {
+  int32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
 
 // Integer division with floor semantics (TIR floordiv / floormod).
 template <typename T>
