@@ -74,7 +74,10 @@ def test_quick_calibration_spec(quick, tmp_path):
     base = get_hardware("host")
     assert [lvl.capacity_bytes for lvl in spec.memory] == [
         lvl.capacity_bytes for lvl in base.memory]
-    assert spec.peak_flops == base.peak_flops
+    from fusion_tvm.ops import OpClass
+
+    for cls in (OpClass.MATMUL, OpClass.CONV, OpClass.ELEMENTWISE, OpClass.REDUCTION):
+        assert spec.peak_flops[cls] == base.peak_flops[cls]
     # The JSON round trip is what get_hardware(path) reads.
     path = tmp_path / "host.json"
     path.write_text(json.dumps(spec.to_json()))
@@ -84,8 +87,17 @@ def test_quick_calibration_spec(quick, tmp_path):
 def test_rule_coverage(quick):
     rules = {k.rule for k in quick.kernels}
     assert rules <= set(RULES)
-    assert {"matmul", "conv2d", "reduction", "elementwise"} <= rules
-    assert aggregate(quick.kernels).keys() == rules
+    assert set(RULES) <= rules  # every rule has a representative kernel
+    assert aggregate(quick.kernels).keys() == set(RULES)
+    assert any(k.calibrates == "transcendental" for k in quick.kernels)
+
+
+def test_transcendental_peak_is_measured(quick):
+    from fusion_tvm.ops import OpClass
+
+    peak = quick.spec.peak_flops[OpClass.TRANSCENDENTAL]
+    assert peak != get_hardware("host").peak_flops[OpClass.TRANSCENDENTAL]
+    assert 1e6 < peak < 1e13
 
 
 def test_cli_writes_spec(tmp_path, monkeypatch, quick):
@@ -154,5 +166,6 @@ def test_prediction_report_structure(quick):
     for k in d["kernels"]:
         assert k["predicted_s"] > 0 and k["measured_s"] > 0
         assert k["rule"] in RULES
+    assert not model["skipped"]  # every kernel of the plan found in fused_mod and timed
     assert set(d["summary"]) >= {"spearman", "median_ape", "median_speedup_error"}
     assert "mlp" in report.table()

@@ -16,7 +16,7 @@ from tvm import relax, tirx
 
 from ..grouping import _group_name
 from ..passes.apply_target_schedule import RULE_ATTR
-from ..plan import GroupPlan, is_kernel
+from ..plan import GroupPlan
 from ._timing import Runner
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -64,16 +64,22 @@ def plan_kernels(cm) -> list[Kernel]:
     mod = cm.fused_mod
     prims = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
     model = plan.cost_model_obj
-    callees = {}
-    groups = iter(plan.groups)
+    callees: dict[str, dict[str, list[str]]] = {}
+    blocks = {(b.function, b.block_index): b for b in plan.blocks}
     kernels = []
-    for block in plan.blocks:
-        graph = block.graph
-        for g in block.groups:
-            if not is_kernel(graph, g):
-                continue
-            gp = next(groups)
-            members = sorted(g)
+    for gp in plan.groups:
+        block = blocks.get((gp.function, getattr(gp, "block_index", 0)))
+        if block is None and len(plan.blocks) == 1:
+            block = plan.blocks[0]
+        if block is None:
+            kernels.append(Kernel(gp, gp.name, None))
+            continue
+        graph, g = block.graph, frozenset(gp.node_ids)
+        members = sorted(g)
+        # The plan names the kernel (newer plans); else FuseTIR's name for the group, checked
+        # against the call_tir bound to one of the group's bindings.
+        name = getattr(gp, "kernel", "") or None
+        if name not in prims:
             expect = graph.nodes[members[0]].func_name if len(members) == 1 \
                 else _group_name(graph, members)
             if gp.function not in callees:
@@ -81,10 +87,9 @@ def plan_kernels(cm) -> list[Kernel]:
             called = [c for op in gp.ops for c in callees[gp.function].get(op, [])]
             name = next((c for c in called if c == expect), None)
             name = name or next((c for c in called if c.startswith(expect)), None)
-            if name is None and expect in prims:
-                name = expect
-            detail = dict(model.estimate(graph, g).detail) if model is not None else {}
-            kernels.append(Kernel(gp, name or expect, prims.get(name), detail, graph, g))
+            name = name or expect
+        detail = dict(model.estimate(graph, g).detail) if model is not None else {}
+        kernels.append(Kernel(gp, name, prims.get(name), detail, graph, g))
     return kernels
 
 
