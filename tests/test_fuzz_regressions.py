@@ -165,3 +165,24 @@ def test_hyperbolic_ops_schedule(op):
     x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
     (y,) = fusion_tvm.compile(model, hw=HW, fusion="none", schedule=True).run({"x": x})
     np.testing.assert_allclose(y, getattr(np, op.lower())(x), rtol=1e-5)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "passes/combine_siblings.py (47c1b42): a matmul whose operand is a folded constant "
+    "(ir.GenericConst) crashes the sibling pass: TypeError: Cannot treat type `ir.GenericConst` "
+    "as type `ir.Var` (every fusion mode; stock TVM builds it)"))
+def test_sibling_pass_with_constant_operand():
+    """Found by fuzz seed 5124 (unfused build crashed too), reduced: Abs/Add of constants
+    (folded) feed one MatMul, an input feeds another."""
+    rng = np.random.default_rng(0)
+    model = _model(
+        [helper.make_node("Abs", ["w1"], ["t2"]),
+         helper.make_node("Add", ["t2", "c4"], ["t5"]),
+         helper.make_node("MatMul", ["t5", "w11"], ["t12"]),
+         helper.make_node("MatMul", ["x", "w30"], ["t31"])],
+        [("x", ["N", 5])], [("t12", [1, 4]), ("t31", ["N", 4])],
+        [("w1", np.full((1, 1), -0.5, np.float32)), ("c4", np.array(0.25, np.float32)),
+         ("w11", rng.uniform(-1, 1, (1, 4)).astype(np.float32)),
+         ("w30", rng.uniform(-1, 1, (5, 4)).astype(np.float32))],
+    )
+    _check(model, {"x": rng.uniform(-1, 1, (2, 5)).astype(np.float32)}, schedule=False)
