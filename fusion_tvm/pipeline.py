@@ -60,6 +60,8 @@ def prepare_passes(
     kinds = kinds or FusionKinds()
     fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
     siblings = [combine_siblings(hw or get_hardware("host"))] if kinds.siblings else []
+    use_fast = backend.fast_math if backend is not None else True
+    fast_math = [relax.transform.FastMathTransform()] if use_fast else []
     return [
         *fold,
         relax.transform.DecomposeOpsForInference(),
@@ -69,7 +71,7 @@ def prepare_passes(
         *layout,
         # vectorisable exp / erf / tanh (polynomial, ~1e-7 relative error) instead of
         # scalar libm calls: softmax and GELU epilogues run ~10-30x faster on CPU
-        relax.transform.FastMathTransform(),
+        *fast_math,
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

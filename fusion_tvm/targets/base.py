@@ -47,6 +47,9 @@ class Backend(abc.ABC):
     default_hardware: str = ""
     #: Cost model used when the user names none.
     default_cost_model: str = "roofline"
+    #: Replace exp / erf / tanh by vectorisable polynomials (FastMathTransform). Pays on
+    #: CPUs and GPUs; an FPGA backend may prefer its own math cores.
+    fast_math: bool = True
 
     @property
     def template_limits(self):

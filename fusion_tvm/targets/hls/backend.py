@@ -47,6 +47,7 @@ class HLSBackend(Backend):
 
     default_hardware = "zcu104"
     default_cost_model = "fpga"
+    fast_math = False  # polynomial exp/erf would cost many DSPs
 
     def __init__(self, precision: str = "float", dsp_share: float = 0.25):
         self.dtype = DataType.parse(precision)
