@@ -201,10 +201,21 @@ def _is_contraction(store, num_reduce: int) -> bool:
     v = store.value
     if not isinstance(v, tirx.Add):
         return False
+    def load_source(e):
+        e = e.value if isinstance(e, tirx.Cast) else e
+        if type(e).__name__ in ("TensorLoad", "BufferLoad"):
+            src = getattr(e, "source", None)
+            return src if src is not None else getattr(e, "buffer", None)
+        return None
+
     for lhs, rhs in ((v.a, v.b), (v.b, v.a)):
-        if type(lhs).__name__ in ("TensorLoad", "BufferLoad"):
-            inner = rhs.value if isinstance(rhs, tirx.Cast) else rhs
-            if isinstance(inner, tirx.Mul):
+        if load_source(lhs) is None:
+            continue
+        inner = rhs.value if isinstance(rhs, tirx.Cast) else rhs
+        if isinstance(inner, tirx.Mul):
+            # A * B over two different tensors; (x - m) * (x - m) is a variance, not a matmul
+            a, b = load_source(inner.a), load_source(inner.b)
+            if a is not None and b is not None and not a.same_as(b):
                 return True
     return False
 
