@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="real model sizes (slow)")
     ap.add_argument("--hw", help="calibrated spec JSON to use instead of calibrating now")
     ap.add_argument("--thorough", action="store_true", help="thorough calibration")
+    ap.add_argument("--transcendental", action="store_true",
+                    help="calibrate the transcendental peak as well")
     ap.add_argument("--rounds", type=int, default=21, help="interleaved whole-model rounds")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
@@ -51,7 +53,8 @@ def main(argv=None) -> int:
         runner = make_runner(spec)
         call_s = measure_call(runner)
     else:
-        calibration = calibrate_full("host", thorough=args.thorough, log=log)
+        calibration = calibrate_full("host", thorough=args.thorough, log=log,
+                                     transcendental=args.transcendental)
         spec, call_s = calibration.spec, calibration.call_s
         runner = make_runner(spec)
         alt = ParallelTerm(calibration.parallel_overhead_s,

@@ -42,12 +42,13 @@ def make_runner(hw: HardwareSpec, target: str = "llvm", thorough: bool = False,
 
 
 def calibrate_full(hw: str | HardwareSpec = "host", target: str = "llvm", thorough: bool = False,
-                   session=None, log=None, rules: bool = True) -> CalibrationResult:
+                   session=None, log=None, rules: bool = True,
+                   transcendental: bool = False) -> CalibrationResult:
     """:func:`calibrate` returning every measurement as well as the spec."""
     base = get_hardware(hw)
     runner = make_runner(base, target, thorough, session)
     try:
-        return run_calibration(runner, base, thorough, log, rules)
+        return run_calibration(runner, base, thorough, log, rules, transcendental)
     finally:
         if isinstance(runner, RemoteRunner):
             runner.close()
@@ -87,6 +88,8 @@ def cli_main(argv: Sequence[str]) -> int:
     p.add_argument("--thorough", action="store_true", help="more sizes and repetitions")
     p.add_argument("--rpc", metavar="HOST:PORT", help="measure a device behind a TVM RPC server")
     p.add_argument("--details", metavar="PATH", help="write every measurement as JSON")
+    p.add_argument("--transcendental", action="store_true",
+                   help="also replace the transcendental peak by the measured throughput")
     argv = list(argv)
     if argv[:1] == ["--"]:  # `fusion-tvm hw calibrate -- --thorough`
         argv = argv[1:]
@@ -99,7 +102,8 @@ def cli_main(argv: Sequence[str]) -> int:
         host, _, port = args.rpc.rpartition(":")
         session = connect(host or "127.0.0.1", int(port))
     result = calibrate_full(args.hw, thorough=args.thorough, session=session,
-                            log=lambda m: print(m, file=sys.stderr))
+                            log=lambda m: print(m, file=sys.stderr),
+                            transcendental=args.transcendental)
     text = json.dumps(result.spec.to_json(), indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")

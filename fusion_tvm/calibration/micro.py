@@ -430,6 +430,8 @@ class CalibrationResult:
     #: Extra cost of a kernel that starts the thread pool (parallel chain slope - serial).
     #: The spec has no field for it (see ``report``: the model it would give).
     parallel_overhead_s: float = 0.0
+    #: Measured throughput of the activation kernels (FLOP/s as the graph counts them).
+    transcendental_flops_per_s: float | None = None
 
     def to_json(self) -> dict:
         from dataclasses import asdict
@@ -442,6 +444,7 @@ class CalibrationResult:
             "call_s": self.call_s,
             "kernels": [asdict(k) for k in self.kernels],
             "parallel_overhead_s": self.parallel_overhead_s,
+            "transcendental_flops_per_s": self.transcendental_flops_per_s,
             "efficiency_with_parallel_term": self.efficiency_with_parallel_term(),
         }
 
@@ -458,8 +461,13 @@ class CalibrationResult:
 
 def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
                     log: Callable[[str], None] | None = None,
-                    rules: bool = True) -> CalibrationResult:
-    """Measure ``base``'s device through ``runner``; return the calibrated spec and the data."""
+                    rules: bool = True, transcendental: bool = False) -> CalibrationResult:
+    """Measure ``base``'s device through ``runner``; return the calibrated spec and the data.
+
+    ``transcendental``: also replace the preset's transcendental peak by the measured
+    throughput of the activation kernels. Off by default: the graph counts every ``pow`` as
+    transcendental, and ``pow(x, 2)`` (variance in LayerNorm) compiles to a multiply, so a
+    libm-level peak makes such kernels look 10x dearer than they are (see the report)."""
     say = log or (lambda _m: None)
     bw = measure_bandwidth(runner, base, thorough)
     for b in bw:
@@ -477,18 +485,21 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
     spec = replace(base, name=f"{base.name}-calibrated", memory=memory, launch_overhead_s=launch)
     measured = measure_rules(runner, spec, call, thorough, say) if rules else []
     effs = [m[0] for m in measured]
+    trans_peak = None
     if effs:
+        trans_peak = transcendental_peak(effs, call, aggregate(effs).get("elementwise", 1.0))
+        say(f"transcendental throughput {(trans_peak or 0) / 1e9:.3f} GFLOP/s "
+            f"({'used' if transcendental else 'recorded only'})")
+    if effs and transcendental and trans_peak:
         # Two fixed-point steps: the transcendental peak depends on the elementwise rule's
         # efficiency, and every efficiency on the peaks (exp in softmax, erf in epilogues).
         for _ in range(2):
-            eff = aggregate(effs)
-            peak = transcendental_peak(effs, call, eff.get("elementwise", 1.0))
-            if peak:
-                flops = dict(spec.peak_flops)
-                flops[OpClass.TRANSCENDENTAL] = peak
-                spec = replace(spec, peak_flops=flops)
-                effs = refit(measured, spec, call)
+            peak = transcendental_peak(effs, call, aggregate(effs).get("elementwise", 1.0))
+            flops = dict(spec.peak_flops)
+            flops[OpClass.TRANSCENDENTAL] = peak
+            spec = replace(spec, peak_flops=flops)
+            effs = refit(measured, spec, call)
+    if effs:
         spec = spec.with_efficiency(aggregate(effs))
-        say(f"transcendental peak {spec.peak_flops[OpClass.TRANSCENDENTAL] / 1e9:.3f} GFLOP/s")
         say("efficiency: " + ", ".join(f"{k}={v:.3f}" for k, v in spec.efficiency.items()))
-    return CalibrationResult(spec, bw, launch, chain, call, effs, par)
+    return CalibrationResult(spec, bw, launch, chain, call, effs, par, trans_peak)
