@@ -186,13 +186,20 @@ def _count(expr, ops: dict[OpClass, int], loads: dict[str, int]) -> None:
         return
     if kind == "Call":
         op_name = getattr(expr.op, "name", "")
-        if op_name in TRANSCENDENTAL_OPS:
+        if op_name == "tirx.pow" and _small_integer_exponent(expr.args[1]):
+            ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1  # x*x, x*x*x
+        elif op_name in TRANSCENDENTAL_OPS:
             ops[OpClass.TRANSCENDENTAL] = ops.get(OpClass.TRANSCENDENTAL, 0) + 1
         elif op_name not in ("tirx.reinterpret",):
             ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
         for a in expr.args:
             if not isinstance(a, (str, int, float)):
                 _count(a, ops, loads)
+
+
+def _small_integer_exponent(expr) -> bool:
+    value = getattr(expr.value if isinstance(expr, tirx.Cast) else expr, "value", None)
+    return isinstance(value, (int, float)) and float(value).is_integer() and 0 <= value <= 4
 
 
 def _is_contraction(store, num_reduce: int) -> bool:

@@ -99,6 +99,8 @@ class HardwareSpec:
         Innermost level first; the last level is off-chip memory (DRAM / HBM / DDR).
     launch_overhead_s : float
         Fixed cost of one kernel launch (VM call on CPU, CUDA launch on GPU).
+    parallel_overhead_s : float
+        Extra cost of a kernel that runs on several cores (thread-pool start and join).
     efficiency : Mapping[str, float]
         Measured fraction of peak each schedule rule reaches, by rule name; filled
         in by calibration. Missing names use ``default_efficiency``.
@@ -115,6 +117,8 @@ class HardwareSpec:
     launch_overhead_s: float
     efficiency: Mapping[str, float] = field(default_factory=dict)
     default_efficiency: float = 0.5
+    #: Start/join cost of the thread pool, paid by every kernel that runs in parallel.
+    parallel_overhead_s: float = 0.0
     gpu: GpuLimits | None = None
     fpga: FpgaResources | None = None
 
@@ -137,8 +141,10 @@ class HardwareSpec:
         positive("num_cores", self.num_cores)
         positive("simd_width_bits", self.simd_width_bits)
         positive("num_vector_registers", self.num_vector_registers)
-        if self.launch_overhead_s < 0 or not math.isfinite(self.launch_overhead_s):
-            bad("launch_overhead_s", f"must be >= 0, got {self.launch_overhead_s!r}")
+        for what in ("launch_overhead_s", "parallel_overhead_s"):
+            v = getattr(self, what)
+            if not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
+                bad(what, f"must be >= 0, got {v!r}")
         if not self.memory:
             bad("memory", "must list at least one level (the off-chip memory)")
         for lvl in self.memory:

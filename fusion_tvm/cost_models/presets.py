@@ -111,7 +111,8 @@ def cpu_spec(
     l2: int,
     l3: int,
     dram_gbps: float,
-    launch_us: float = 6.0,
+    launch_us: float = 1.0,
+    parallel_us: float = 10.0,
 ) -> HardwareSpec:
     """Build a CPU spec from a few datasheet numbers."""
     lanes = simd_bits // 32
@@ -139,6 +140,7 @@ def cpu_spec(
             MemoryLevel("DRAM", 64 * GiB, dram_gbps * 1e9, shared=True),
         ),
         launch_overhead_s=launch_us * 1e-6,
+        parallel_overhead_s=parallel_us * 1e-6 if cores > 1 else 0.0,
         efficiency={},
         default_efficiency=0.5,
     )

@@ -30,6 +30,10 @@ DEFAULT_RULE_EFFICIENCY = {
 }
 
 
+#: Output elements above which the CPU templates parallelise a kernel over the cores.
+PARALLEL_MIN_ELEMENTS = 4096
+
+
 def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> str:
     """The schedule rule expected to handle ``group`` (backend's answer when it has one)."""
     if backend is not None and hasattr(backend, "rule_for_group"):
@@ -155,8 +159,12 @@ class RooflineCostModel(CostModel):
         inner_bw = hw.memory[0].bandwidth_bytes_per_s if len(hw.memory) > 1 else \
             hw.dram.bandwidth_bytes_per_s
         internal_s = 2.0 * internal_bytes / inner_bw
-        # The rule's efficiency is the fraction of the roofline it reaches (calibrated).
-        time_s = hw.launch_overhead_s + max(compute_s, memory_s) / eff + internal_s
+        # The rule's efficiency is the fraction of the roofline it reaches (calibrated);
+        # kernels big enough to be split over the cores also pay the thread pool.
+        work = sum(graph.nbytes(t) for t in published) / 4.0
+        parallel = hw.num_cores > 1 and work >= PARALLEL_MIN_ELEMENTS
+        launch_s = hw.launch_overhead_s + (hw.parallel_overhead_s if parallel else 0.0)
+        time_s = launch_s + max(compute_s, memory_s) / eff + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
         dram_bw = hw.dram.bandwidth_bytes_per_s
         dram = sum(b for t, b in in_sizes.items() if self.bandwidth_for(graph.nbytes(t)) == dram_bw)
@@ -174,7 +182,7 @@ class RooflineCostModel(CostModel):
                 "compute_s": compute_s,
                 "memory_s": memory_s,
                 "internal_s": internal_s,
-                "launch_s": hw.launch_overhead_s,
+                "launch_s": launch_s,
                 "in_bytes": in_bytes,
                 "out_bytes": out_bytes,
                 "recompute": {graph.nodes[n].name: m for n, m in mult.items() if m > 1.0},
