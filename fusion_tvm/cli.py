@@ -790,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_parser("list", parents=[common], help="list the presets")
     show = hw.add_parser("show", parents=[common], help="show one preset or spec file")
     show.add_argument("name", help="preset name or spec .json")
-    cal = hw.add_parser("calibrate", parents=[common], help="measure this machine (planned)")
+    cal = hw.add_parser("calibrate", parents=[common], help="measure this machine into a spec JSON")
     cal.add_argument("calibrate_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_hw)
     return parser
@@ -799,6 +799,18 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``fusion-tvm`` / ``python -m fusion_tvm``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["hw", "calibrate"]:
+        # calibration parses its own options (argparse REMAINDER drops leading flags)
+        from .calibration import cli_main
+
+        try:
+            return int(cli_main(argv[2:]) or 0)
+        except SystemExit as exc:  # its argparse errors
+            return int(exc.code or 0)
+        except UserInputError as err:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return EXIT_USER
     parser = build_parser()
     args = parser.parse_args(argv)
     for flag in ("quiet", "debug", "json"):

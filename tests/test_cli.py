@@ -172,7 +172,7 @@ INPROCESS_ERRORS = {
     "bad_repeat": (["bench", "mlp.onnx", "--repeat", "0"], 2, ["--repeat"]),
     "no_command": ([], 2, ["usage:"]),
     "bad_option": (["plan", "mlp.onnx", "--frobnicate"], 2, ["--frobnicate"]),
-    "calibrate_todo": (["hw", "calibrate"], 3, ["not implemented"]),
+    "calibrate_bad_option": (["hw", "calibrate", "--no-such-flag"], 2, ["--no-such-flag"]),
     "hls_needs_static": (["compile", "mlp.onnx", "-o", "d", "--target", "hls"], 2,
                          ["--shape N="]),
     "run_hls_folder": (["run", "."], 2, ["folder"]),
