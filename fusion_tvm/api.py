@@ -162,7 +162,7 @@ class CompiledModel:
                 return variant.run(arrays)
         args = [tvm.runtime.tensor(a, self.device) for a in arrays]
         result = self.vm["main"](*args)
-        return _flatten(result)
+        return flatten_outputs(result)
 
     def export(self, path: str | os.PathLike) -> str:
         """Export the VM executable as a shared library loadable by ``tvm.runtime.load_module``."""
@@ -171,12 +171,13 @@ class CompiledModel:
         return path
 
 
-def _flatten(value) -> list[np.ndarray]:
+def flatten_outputs(value) -> list[np.ndarray]:
+    """A VM result (tensor or nested tuples of tensors) as a flat list of numpy arrays."""
     if hasattr(value, "numpy"):
         return [value.numpy()]
     out = []
     for v in value:
-        out.extend(_flatten(v))
+        out.extend(flatten_outputs(v))
     return out
 
 

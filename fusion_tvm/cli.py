@@ -485,7 +485,9 @@ def cmd_run(args, progress: Progress) -> int:
         result = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a), device)
                               for a in arrays])
         elapsed = time.perf_counter() - t0
-    outputs = _flatten(result)
+    from .api import flatten_outputs
+
+    outputs = flatten_outputs(result)
     out_dir = Path(args.out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -507,15 +509,6 @@ def cmd_run(args, progress: Progress) -> int:
             print(f"{w['name']}: {tuple(w['shape'])} {w['dtype']} -> {w['path']}")
         print(f"ran in {elapsed * 1e3:.2f} ms (first run, includes warm-up)")
     return EXIT_OK
-
-
-def _flatten(value) -> list:
-    if hasattr(value, "numpy"):
-        return [value.numpy()]
-    out = []
-    for v in value:
-        out.extend(_flatten(v))
-    return out
 
 
 # -- bench ---------------------------------------------------------------------------------
