@@ -25,6 +25,8 @@ from .shape_hints import check_names, sample_values
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: Name of the catch-all schedule rule; a fused group landing on it is split again.
 FALLBACK_RULE = "fallback"
+#: Re-searches after scheduling feedback (each forbids the groups that fell back).
+FEEDBACK_ROUNDS = 4
 
 
 def count_kernels(mod: tvm.IRModule) -> int:
@@ -247,9 +249,9 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         prepared = parts.prepare(loaded.mod)
         mod = parts.schedule(parts.fuse(prepared))
         # Feedback from the templates: a fused group that only the unoptimised fallback
-        # could schedule is forbidden and the search runs again (at most twice more).
+        # could schedule is forbidden and the search runs again (a few rounds at most).
         config = search or SearchConfig()
-        for _ in range(2):
+        for _ in range(FEEDBACK_ROUNDS):
             if parts.fuse_pass is None or not schedule:
                 break
             failed = fallback_groups(mod, parts.fuse_pass.plan)
