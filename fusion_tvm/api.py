@@ -145,7 +145,7 @@ class CompiledModel:
                             f"symbolic dim '{want}' is {bound[want]} in an earlier input but "
                             f"{got} in input '{name}' axis {axis}"
                         )
-            out.append(np.ascontiguousarray(arr))
+            out.append(np.require(arr, requirements="C"))  # keeps rank 0 (ascontiguous: 1)
         self._bound = bound
         return out
 

@@ -63,6 +63,9 @@ def prepare_passes(
     use_fast = backend.fast_math if backend is not None else True
     fast_math = [relax.transform.FastMathTransform()] if use_fast else []
     return [
+        # sort / scan / sampling ops get their library implementations (as tvm.compile does)
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
         *fold,
         relax.transform.DecomposeOpsForInference(),
         *siblings,

@@ -112,9 +112,6 @@ def test_unsupported_operator():
     assert "'FrobnicateTensor'" in str(err.value) and "'the_culprit'" in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "frontend bug: onnx_loader.check_graph looks operators up by op_type only, so 'Relu' in "
-    "domain 'com.example' is silently converted as the standard Relu"))
 def test_unsupported_operator_of_custom_domain():
     node = helper.make_node("Relu", ["x"], ["y"], name="custom_relu", domain="com.example")
     model = _model([node], [("x", [2, 3])], [("y", [2, 3])])

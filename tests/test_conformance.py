@@ -49,16 +49,7 @@ SUBSET = [
 
 # Bugs outside our passes that make ours fail where stock passes (strict: fixing one turns
 # its test into an XPASS failure, and the mark comes off).
-KNOWN = {
-    "test_gemm_default_scalar_bias": (
-        "api.CompiledModel._check_feeds: np.ascontiguousarray turns a 0-d feed into shape (1,), "
-        "so a rank-0 input reaches the VM as rank 1 ('expect Tensor with ndim 0 but get 1')"
-    ),
-    "test_unsqueeze_axis_1": (
-        "pipeline.py: no relax.backend.DispatchSortScan before LegalizeOps, so the R.cumsum the "
-        "importer emits for runtime axes reaches VM codegen unlowered"
-    ),
-}
+KNOWN: dict[str, str] = {}  # known failures (strict xfail) — none at the moment
 
 
 @pytest.fixture(scope="module")

@@ -131,10 +131,6 @@ def test_saved_regression(name, meta):
 
 
 # ------------------------------------------------------------ found by the conformance run
-@pytest.mark.xfail(strict=True, reason=(
-    "pipeline.py: prepare_passes lacks relax.backend.DispatchSortScan (the stock default "
-    "build runs it before LegalizeOps), so R.cumsum reaches VM codegen: 'CodeGenVM cannot "
-    "emit this Relax operator directly'; ONNX Unsqueeze with runtime axes hits it too"))
 @pytest.mark.parametrize("fusion", ["cost", "none"])
 def test_cumsum_is_lowered(fusion):
     """ONNX node test test_unsqueeze_axis_1 (stock passes, ours fails), reduced to CumSum."""
@@ -145,9 +141,6 @@ def test_cumsum_is_lowered(fusion):
     np.testing.assert_array_equal(y, np.cumsum(x, axis=1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "api.CompiledModel._check_feeds: np.ascontiguousarray returns at least 1-d, so a 0-d "
-    "feed reaches the VM as shape (1,): 'expect Tensor with ndim 0 but get 1'"))
 def test_rank0_input():
     """ONNX node test test_gemm_default_scalar_bias (stock passes, ours fails), reduced."""
     model = _model([helper.make_node("Add", ["x", "c"], ["y"])],
@@ -167,10 +160,6 @@ def test_hyperbolic_ops_schedule(op):
     np.testing.assert_allclose(y, getattr(np, op.lower())(x), rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "passes/combine_siblings.py (47c1b42): a matmul whose operand is a folded constant "
-    "(ir.GenericConst) crashes the sibling pass: TypeError: Cannot treat type `ir.GenericConst` "
-    "as type `ir.Var` (every fusion mode; stock TVM builds it)"))
 def test_sibling_pass_with_constant_operand():
     """Found by fuzz seed 5124 (unfused build crashed too), reduced: Abs/Add of constants
     (folded) feed one MatMul, an input feeds another."""

@@ -35,6 +35,8 @@ from .overrides import converter_map
 # Op types the stock importer handles outside its converter map.
 _DIRECT_OPS = frozenset({"If"})
 _DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+#: Non-standard domains whose ops TVM's importer implements (contrib fused ops).
+_CONTRIB_DOMAINS = frozenset({"com.microsoft"})
 _MIN_IR_VERSION = 3  # the importer's own floor (ONNX 1.1)
 
 Dim = int | str
@@ -121,6 +123,10 @@ def check_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
         defined.add(init.name)
     defined.update(i.name for i in graph.input)
     for node in graph.node:
+        if node.domain not in _DEFAULT_DOMAINS and node.domain not in _CONTRIB_DOMAINS:
+            # the importer matches op types by name only: a custom-domain op must not be
+            # silently converted as the standard op of the same name
+            raise UnsupportedOperatorError(node.op_type, node.name, f"domain '{node.domain}'")
         if node.op_type not in table and node.op_type not in _DIRECT_OPS:
             detail = "" if node.domain in _DEFAULT_DOMAINS else f"domain '{node.domain}'"
             raise UnsupportedOperatorError(node.op_type, node.name, detail or f"in {where}")

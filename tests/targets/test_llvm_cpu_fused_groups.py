@@ -100,14 +100,17 @@ CASES = {
          np.abs(rand(1, 12, 1, 1)) + 0.5, rand(1, 12, 12, 16)],
         "conv2d",
     ),
+    # Multi-output reduction chains are declined by the reduction rule (the anchor-first
+    # schedule gave wrong rows on fuzz seeds 100 and 158): the fallback runs them correctly
+    # and the fusion search splits such groups through the fallback feedback.
     "layernorm_prefix_two_outputs": (
         layernorm_prefix_two_outputs, [var("x", (9, 64)), var("r", (9, 64))],
-        [rand(9, 64), rand(9, 64)], "reduction",
+        [rand(9, 64), rand(9, 64)], "fallback",
     ),
     # 3-D with a kept unit axis: the row space is (1, 9), not (1, 9, 64) (BERT regression)
     "layernorm_prefix_two_outputs_3d": (
         layernorm_prefix_two_outputs, [var("x", (1, 9, 64)), var("r", (9, 64))],
-        [rand(1, 9, 64), rand(9, 64)], "reduction",
+        [rand(1, 9, 64), rand(9, 64)], "fallback",
     ),
     "scores_and_mask_two_outputs": (
         scores_and_mask,
