@@ -216,6 +216,10 @@ def check_templates(
             f"{len(contractions)} matmul/conv ops ({names}) in one group; the target's "
             f"templates fuse at most {limits.max_contractions}"
         )
+    for c in contractions:
+        d = _epilogue_maps_onto(graph, group, c)
+        if not d:
+            return d
     if contractions and not limits.contraction_with_reduction:
         reds = [n for n in nodes if n.is_reduction]
         if reds:
@@ -223,6 +227,30 @@ def check_templates(
                 f"matmul/conv {contractions[0].name} with reduction {reds[0].name}: no template "
                 "schedules a contraction together with a separate reduction"
             )
+    return FusionDecision.allow()
+
+
+def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionDecision:
+    """Ops after a matmul/conv run on its output tiles: each may read an in-group value at
+    most once per element (a Concat(t, t) or a broadcast of the result would need tiles the
+    kernel never computes; fuzz seeds 154 and 5096)."""
+    out = c.outputs[0]
+    stack = [v for v in graph.succs[c.id] if v in group]
+    seen = set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        node = graph.nodes[v]
+        for k, tid in enumerate(node.inputs):
+            if graph.tensors[tid].producer in group and node.reuse(k, graph.dims) > 1.0 + 1e-9:
+                return FusionDecision.forbid(
+                    f"{node.name} reads {graph.tensors[tid].name} more than once per element, "
+                    f"so it cannot run on the output tiles of {c.name} "
+                    f"({graph.tensors[out].name})"
+                )
+        stack.extend(s for s in graph.succs[v] if s in group)
     return FusionDecision.allow()
 
 
