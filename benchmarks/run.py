@@ -42,6 +42,9 @@ REFERENCE = "onnxruntime"
 STOCK_LIMIT_S = 1.0  # stock TVM is not timed when one run takes longer than this
 
 
+#: Pause before each timed run (thread pools of the previous contender settle).
+SETTLE_S = 0.05
+
 def short(e: BaseException, limit: int = 240) -> str:
     """One line for a report: the exception type and its non-empty lines, joined."""
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
@@ -335,6 +338,9 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
             break
         k = r % max(len(names), 1)
         for name in names[k:] + names[:k]:
+            # onnxruntime's intra-op threads spin-wait after a run and steal the cores from
+            # whoever runs next; let them go idle first (untimed) so the order stays fair
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             prepared[name].run(feeds)
             results[name].times_s.append(time.perf_counter() - t0)
