@@ -159,11 +159,11 @@ class PrimFuncInfo:
         return max(1.0, self.read_ratio(param_index, dims))
 
 
-def _count(expr, ops: dict[OpClass, int], loads: dict[str, int]) -> None:
+def _count(expr, ops: dict[OpClass, int], loads: dict[str, int], seen: set) -> None:
     if isinstance(expr, _ARITH):
         ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
-        _count(expr.a, ops, loads)
-        _count(expr.b, ops, loads)
+        _count(expr.a, ops, loads, seen)
+        _count(expr.b, ops, loads, seen)
         return
     kind = type(expr).__name__
     if kind in ("TensorLoad", "BufferLoad"):
@@ -171,18 +171,23 @@ def _count(expr, ops: dict[OpClass, int], loads: dict[str, int]) -> None:
         if src is None:
             src = getattr(expr, "buffer", None)
         name = getattr(src, "name", str(src))
-        loads[name] = loads.get(name, 0) + 1
+        # distinct elements read per iteration: the same index read twice (a polynomial
+        # using x several times) is one memory access
+        key = (name, str(list(expr.indices)))
+        if key not in seen:
+            seen.add(key)
+            loads[name] = loads.get(name, 0) + 1
         return
     if isinstance(expr, tirx.Cast):
-        _count(expr.value, ops, loads)
+        _count(expr.value, ops, loads, seen)
         return
     if isinstance(expr, tirx.Select):
         ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
         for sub in (expr.condition, expr.true_value, expr.false_value):
-            _count(sub, ops, loads)
+            _count(sub, ops, loads, seen)
         return
     if isinstance(expr, tirx.Not):
-        _count(expr.a, ops, loads)
+        _count(expr.a, ops, loads, seen)
         return
     if kind == "Call":
         op_name = getattr(expr.op, "name", "")
@@ -194,7 +199,7 @@ def _count(expr, ops: dict[OpClass, int], loads: dict[str, int]) -> None:
             ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
         for a in expr.args:
             if not isinstance(a, (str, int, float)):
-                _count(a, ops, loads)
+                _count(a, ops, loads, seen)
 
 
 def _small_integer_exponent(expr) -> bool:
@@ -249,7 +254,7 @@ def analyze_primfunc(func: tirx.PrimFunc) -> PrimFuncInfo:
                 nred = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 2)
                 ops: dict[OpClass, int] = {}
                 loads: dict[str, int] = {}
-                _count(body.value, ops, loads)
+                _count(body.value, ops, loads, set())
                 info.blocks.append(
                     BlockInfo(
                         name=stmt.name_hint,
