@@ -243,6 +243,8 @@ def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionD
             continue
         seen.add(v)
         node = graph.nodes[v]
+        if node.is_contraction:
+            continue  # a chained matmul/conv (where templates allow it) has its own epilogue
         for k, tid in enumerate(node.inputs):
             if graph.tensors[tid].producer in group and node.reuse(k, graph.dims) > 1.0 + 1e-9:
                 return FusionDecision.forbid(
