@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -284,8 +285,6 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
 
 def _specialized_variants(model, loaded: LoadedModel, specialize, options) -> dict:
     """Static builds of ``model`` for every combination of the hot sizes."""
-    import itertools
-
     if loaded.source != "onnx":
         raise UserInputError("specialize= needs an ONNX model (its input shapes are rewritten)")
     names = sorted(specialize)

@@ -128,10 +128,6 @@ class FusionGraph:
         """Bytes of a tensor at the graph's dims."""
         return self.tensors[tensor_id].nbytes(self.dims)
 
-    def total_flops(self) -> float:
-        """FLOPs of the whole block at the graph's dims."""
-        return sum(sum(n.flops(self.dims).values()) for n in self.nodes)
-
     def with_dims(self, dims: Mapping[str, int]) -> FusionGraph:
         """The same graph evaluated at other symbolic dims."""
         return FusionGraph(self.nodes, self.tensors, dict(dims), self.succs, self.preds,

@@ -147,7 +147,6 @@ def greedy_partition(
     """Priority merging of producer/consumer groups by predicted gain."""
     config = config or SearchConfig()
     n = len(graph.nodes)
-    group_of = list(range(n))
     members: dict[int, frozenset[int]] = {i: frozenset([i]) for i in range(n)}
     version = dict.fromkeys(range(n), 0)
     cost = {i: model.estimate(graph, members[i]).time_s for i in range(n)}
@@ -206,8 +205,6 @@ def greedy_partition(
         for p in g_pred[c]:
             g_succ[p] -= {a, b}
             g_succ[p].add(c)
-        for i in members[c]:
-            group_of[i] = c
         for s in sorted(g_succ[c]):
             push(c, s)
         for p in sorted(g_pred[c]):

@@ -81,24 +81,6 @@ def shape_elems(shape, dims: Mapping[str, int], default: int = 1) -> float:
     return n
 
 
-def symbolic_names(exprs) -> set[str]:
-    """Names of the symbolic vars appearing in ``exprs``."""
-    names: set[str] = set()
-
-    def visit(e):
-        if isinstance(e, tirx.Var) or type(e).__name__ == "Var":
-            names.add(e.name)
-        for attr in ("a", "b", "value"):
-            sub = getattr(e, attr, None) if not isinstance(e, (tirx.IntImm,)) else None
-            if sub is not None and not isinstance(sub, (int, float, str)):
-                visit(sub)
-
-    for e in exprs:
-        if not isinstance(e, (int, float)):
-            visit(e)
-    return names
-
-
 @dataclass
 class BlockInfo:
     """Work of one TIR block."""
