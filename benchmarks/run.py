@@ -453,53 +453,30 @@ def markdown(rows: list[dict], info: dict, args) -> str:
 
 
 def plots(rows: list[dict], out_dir: Path) -> list[str]:
-    """Latency bars and predicted-vs-measured scatter; nothing when matplotlib is missing."""
-    try:
-        import matplotlib
+    """Latency bars and predicted-vs-measured scatter as SVG (``benchmarks/svgplot.py``)."""
+    from benchmarks.svgplot import bar_chart, scatter_loglog
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress("matplotlib not importable: no plots")
-        return []
     written = []
     names = [c for c in CONTENDERS if any(r["contenders"].get(c, {}).get("median_s")
                                           for r in rows)]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
-    width = 0.8 / max(len(names), 1)
-    for i, c in enumerate(names):
-        ys = [(r["contenders"].get(c, {}).get("median_s") or 0) * 1e3 for r in rows]
-        ax.bar([j + i * width for j in range(len(rows))], ys, width, label=c)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
-    ax.set_xticklabels([r["model"] for r in rows], rotation=30, ha="right", fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("median latency (ms)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "latency.png", dpi=120)
-    written.append("latency.png")
-    pts = [(r["predicted"][p], r["contenders"][c]["median_s"], c)
-           for r in rows if r.get("predicted")
-           for p, c in (("predicted_time_s", "ours"), ("baseline_time_s", "fuseops"))
-           if r["predicted"].get(p) and r["contenders"].get(c, {}).get("median_s")]
+    if names:
+        series = {c: [(r["contenders"].get(c, {}).get("median_s") or 0) * 1e3 or None
+                      for r in rows] for c in names}
+        (out_dir / "latency.svg").write_text(bar_chart(
+            [r["model"] for r in rows], series, "median latency (ms, log)",
+            "Latency per model and contender"))
+        written.append("latency.svg")
+    pts: dict[str, list] = {}
+    for r in rows:
+        pred = r.get("predicted") or {}
+        for key, c in (("predicted_time_s", "ours"), ("baseline_time_s", "fuseops")):
+            m = r["contenders"].get(c, {}).get("median_s")
+            if pred.get(key) and m:
+                pts.setdefault(c, []).append((pred[key] * 1e3, m * 1e3))
     if pts:
-        fig, ax = plt.subplots(figsize=(4.5, 4.5))
-        for c, marker in (("ours", "o"), ("fuseops", "x")):
-            sel = [(p * 1e3, m * 1e3) for p, m, cc in pts if cc == c]
-            if sel:
-                ax.scatter(*zip(*sel, strict=True), marker=marker, label=c)
-        lo = min(min(p, m) for p, m, _ in pts) * 1e3 * 0.8
-        hi = max(max(p, m) for p, m, _ in pts) * 1e3 * 1.25
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.7)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("predicted (ms)")
-        ax.set_ylabel("measured median (ms)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / "predicted_vs_measured.png", dpi=120)
-        written.append("predicted_vs_measured.png")
-    plt.close("all")
+        (out_dir / "predicted_vs_measured.svg").write_text(scatter_loglog(
+            pts, "predicted (ms)", "measured median (ms)", "Cost model vs measurement"))
+        written.append("predicted_vs_measured.svg")
     return written
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,28 @@ def test_run_py_smoke(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| mlp:small=True |" in text and "1 thread(s)" in text
     assert (tmp_path / "results.json").exists()
+    bars = ET.parse(tmp_path / "latency.svg").getroot().findall(".//{*}rect/{*}title")
+    assert sorted(b.text.rsplit(":", 1)[0] for b in bars) == \
+        ["mlp:small=True onnxruntime", "mlp:small=True stock_tvm"]
+
+
+def test_svg_charts_scale_and_validate():
+    from benchmarks.svgplot import bar_chart, scatter_loglog
+
+    svg = bar_chart(["a", "b"], {"x": [1.0, 100.0], "y": [None, 10.0]}, "ms")
+    root = ET.fromstring(svg)
+    bars = {t.text.split(":")[0]: float(t.text.split(":")[1])
+            for t in root.findall(".//{*}rect/{*}title")}
+    assert bars == {"a x": 1.0, "b x": 100.0, "b y": 10.0}  # None draws no bar
+    heights = {t.text.split(":")[0]: float(r.get("height"))
+               for r in root.findall(".//{*}rect") for t in r.findall("{*}title")}
+    # log axis: 1 -> 10 -> 100 are equally spaced
+    assert abs((heights["b x"] - heights["b y"]) - (heights["b y"] - heights["a x"])) < 0.5
+    root = ET.fromstring(scatter_loglog({"ours": [(1.0, 2.0)], "fuseops": [(3.0, 3.0)]},
+                                        "pred", "meas"))
+    assert len(root.findall(".//{*}circle")) == 2  # one point + its legend marker
+    with pytest.raises(ValueError):
+        bar_chart(["a"], {"x": [None]}, "ms")
 
 
 def test_run_py_flags_mismatch(tmp_path, monkeypatch):
