@@ -11,6 +11,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .cost_models.hardware import OpClass
 from .graph import FusionGraph
 
 
@@ -56,11 +57,17 @@ class TemplateLimits:
         Whether a contraction may share a group with another reduction.
     max_nodes : int
         Upper bound on group size (keeps compile time and code size in check).
+    attention : bool
+        The backend has a template for a row-local compute chain: a matmul of two run-time
+        tensors, row reductions of its result (softmax), and a second such matmul reading
+        the reduced rows (``softmax(Q K^T) V``), or a contiguous part of that chain. Such
+        groups pass whatever ``max_contractions`` / ``contraction_with_reduction`` say.
     """
 
     max_contractions: int = 1
     contraction_with_reduction: bool = False
     max_nodes: int = 64
+    attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,9 @@ class FusionKinds:
         BatchNorm folded into conv weights at compile time (prepare phase).
     siblings : bool
         Matmuls sharing their input combined into one (prepare phase, when predicted faster).
+    attention : bool
+        Compute chains: ``matmul -> row reductions -> matmul`` (attention) as one kernel,
+        where the backend has a template for it (``TemplateLimits.attention``).
     """
 
     reduction_chains: bool = True
@@ -86,6 +96,7 @@ class FusionKinds:
     prologue: bool = True
     weight_folding: bool = True
     siblings: bool = True
+    attention: bool = True
 
 
 def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -> FusionDecision:
@@ -99,6 +110,8 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
                 return FusionDecision.forbid(
                     f"reduction chains are switched off and {n.name} feeds the group"
                 )
+    if not kinds.attention and attention_chain(graph, group):
+        return FusionDecision.forbid("compute chains (attention) are switched off")
     if not kinds.multi_output:
         published = sum(
             1 for n in nodes
@@ -210,6 +223,9 @@ def check_templates(
         return FusionDecision.forbid(f"group of {len(group)} ops exceeds {limits.max_nodes}")
     nodes = [graph.nodes[i] for i in group]
     contractions = [n for n in nodes if n.is_contraction]
+    if limits.attention and len(contractions) <= 2 and any(n.is_reduction for n in nodes) \
+            and attention_chain(graph, group):
+        return FusionDecision.allow()
     if len(contractions) > limits.max_contractions:
         names = ", ".join(n.name for n in contractions)
         return FusionDecision.forbid(
@@ -228,6 +244,53 @@ def check_templates(
                 "schedules a contraction together with a separate reduction"
             )
     return FusionDecision.allow()
+
+
+def _activation_matmul(graph: FusionGraph, node) -> bool:
+    """A matmul of two run-time tensors (no constant weight): Q K^T or P V."""
+    return node.op_class is OpClass.MATMUL and len(node.inputs) >= 2 and not any(
+        graph.tensors[t].is_constant for t in node.inputs[:2]
+    )
+
+
+def attention_chain(graph: FusionGraph, group: frozenset[int]) -> bool:
+    """Whether ``group`` is (a contiguous part of) ``matmul -> row reductions -> matmul``.
+
+    Every contraction multiplies two run-time tensors; with two of them the second is fed
+    by the first through the group. Every reduction lies after the first contraction or
+    before the second one, so each query row's chain (scores, softmax, P V) is computed
+    from that row alone. Weight matmuls (a layer norm before a projection) never qualify:
+    computing a dense layer row by row would re-read its weights once per row.
+    """
+    nodes = [graph.nodes[i] for i in sorted(group)]
+    contractions = [n for n in nodes if n.is_contraction]
+    reductions = [n for n in nodes if n.is_reduction]
+    if not contractions or not reductions or len(contractions) > 2:
+        return False
+    if not all(_activation_matmul(graph, c) for c in contractions):
+        return False
+    below = {c.id: _descendants(graph, c.id, group) for c in contractions}
+    above = {c.id: _ancestors(graph, c.id, group) for c in contractions}
+    if len(contractions) == 2:
+        first, second = contractions
+        if second.id not in below[first.id]:
+            return False
+        return all(r.id in below[first.id] and r.id in above[second.id] for r in reductions)
+    c = contractions[0]
+    return all(r.id in below[c.id] for r in reductions) or all(
+        r.id in above[c.id] for r in reductions
+    )
+
+
+def _descendants(graph: FusionGraph, node: int, within: frozenset[int]) -> set[int]:
+    seen: set[int] = set()
+    stack = [s for s in graph.succs[node] if s in within]
+    while stack:
+        u = stack.pop()
+        if u not in seen:
+            seen.add(u)
+            stack.extend(s for s in graph.succs[u] if s in within)
+    return seen
 
 
 def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionDecision:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...cost_models.hardware import DeviceKind, HardwareSpec
+from ...legality import TemplateLimits
 from ..base import Backend, ScheduleRule, register_backend
+from .attention import Attention
 from .conv2d import Conv2d
 from .efficiency import EFFICIENCY
 from .elementwise import Elementwise
@@ -25,10 +27,15 @@ class LLVMCPUBackend(Backend):
         return DeviceKind.CPU
 
     @property
+    def template_limits(self) -> TemplateLimits:
+        """One contraction per group, or an attention chain (see ``attention.py``)."""
+        return TemplateLimits(attention=True)
+
+    @property
     def rule_efficiency(self) -> dict[str, float]:
         """Measured fraction of the roofline each rule reaches (see ``efficiency.py``)."""
         return dict(EFFICIENCY)
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""
-        return (Matmul(), Conv2d(), Reduction(), Elementwise(), Fallback())
+        return (Attention(), Matmul(), Conv2d(), Reduction(), Elementwise(), Fallback())

@@ -1,0 +1,205 @@
+"""Attention rule: ``matmul -> elementwise -> row reductions -> matmul`` as one kernel.
+
+Recognised by structure, not by op names: the fused PrimFunc holds one or two
+*contractions* (reduction blocks multiplying two buffers) and at least one *row reduction*
+(a reduction block over one buffer: softmax max / sum), every intermediate read at the
+reading block's own row (batch, head, query). Scheduled row-wise: one parallel loop over
+query rows; inside it the scores row (``1 x S``) is computed, reduced and normalised in
+cache, then multiplied by V. Scores never go to DRAM. Operands read by every row (K^T and
+V after their transposes) are materialised once, before the row loop, in the layout the
+row loop reads contiguously.
+
+The schedule is row-wise, not flash-style: TIR schedule primitives cannot rewrite softmax
+into its online (running max / rescaled accumulator) form, so a row holds all ``S``
+scores (4 S bytes; L1-resident up to S ~ 8k).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV, ScheduleError
+
+from ...cost_models.hardware import HardwareSpec
+from ..base import ScheduleRule
+from ._util import (
+    MIN_PARALLEL_ELEMENTS,
+    dtype_bits,
+    inline_spatial,
+    is_reduction,
+    is_spatial,
+    iter_kinds,
+    lanes,
+    parallel_vectorize,
+    root_blocks,
+    static_extent,
+)
+from .reduction import _row_local, _shared_rows, _vectorize_innermost
+
+
+def _is_contraction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """A reduction block of the form ``acc += a * b`` over two distinct buffers."""
+    stmt = sch.get(block)
+    if not is_reduction(sch, block) or not isinstance(stmt.body, tirx.BufferStore):
+        return False
+    value = stmt.body.value
+    if not isinstance(value, tirx.Add) or not isinstance(value.b, tirx.Mul):
+        return False
+    sources = {r.source for r in stmt.reads}
+    return len(sources) == 2
+
+
+def _is_row_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """A reduction block reading one buffer (max / sum over a row)."""
+    stmt = sch.get(block)
+    return is_reduction(sch, block) and len({r.source for r in stmt.reads}) == 1
+
+
+def _reads_whole_rows_of(sch: s_tir.Schedule, block: SBlockRV, rows: int) -> bool:
+    """Whether every consumer of ``block`` reads it other than at its own row index (the K
+    or V operand of a contraction: every query row needs all of it)."""
+    out = sch.get(block).writes[0].source
+    for consumer in sch.get_consumers(block):
+        stmt = sch.get(consumer)
+        row_vars = [iv.var for iv in stmt.iter_vars][:rows]
+        for access in stmt.reads:
+            if not access.source.same_as(out):
+                continue
+            starts = access.region[:rows]
+            if all(rng.min.same_as(v) for rng, v in zip(starts, row_vars, strict=False)):
+                return False
+    return True
+
+
+#: Vectors of output columns per register tile of a row contraction.
+REG_TILE = 4
+#: Query rows computed together (static sequence lengths divisible by it).
+ROW_TILE = 4
+
+
+def _shape_contraction(sch: s_tir.Schedule, block: SBlockRV, width: int, rows: int) -> None:
+    """Inside a block of query rows: loops (column block, reduction, row, column tile,
+    vector), the row and column-tile loops unrolled.
+
+    ``out[i, j] += a[i, k] * b[k, j]`` with ``j`` innermost reads ``b`` contiguously (K^T,
+    V rows); the ``rows x REG_TILE`` vector accumulators stay in registers over the whole
+    reduction, and each loaded vector of ``b`` serves every row of the block.
+    """
+    loops = sch.get_loops(block)
+    stmt = sch.get(block)
+    realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")(sch, block)
+    reduce_loop = col_loop = row_loop = None
+    for k, (iv, value) in enumerate(zip(stmt.iter_vars, realize.iter_values, strict=True)):
+        used = set(tirx.analysis.undefined_vars(value))
+        for loop in loops[1:]:
+            if sch.get(loop).loop_var in used:
+                if iv.iter_type == tirx.IterVar.CommReduce:
+                    reduce_loop = loop
+                elif k == rows:
+                    col_loop = loop
+                elif k == rows - 1 and (static_extent(sch, loop) or 1) > 1:
+                    row_loop = loop
+    if reduce_loop is None or col_loop is None:
+        return
+    with contextlib.suppress(ScheduleError):
+        extent = static_extent(sch, col_loop)
+        tile = REG_TILE if row_loop is None else max(1, REG_TILE // 2)
+        lead = [] if row_loop is None else [row_loop]
+        if extent is not None and extent % (tile * width) == 0 and extent >= tile * width:
+            outer, tiled, vec = sch.split(col_loop, [None, tile, width])
+            sch.reorder(outer, reduce_loop, *lead, tiled, vec)
+            sch.unroll(tiled)
+        else:
+            vec = col_loop
+            if extent is None or extent > width:
+                _, vec = sch.split(col_loop, [None, width])
+            sch.reorder(reduce_loop, *lead, vec)
+        if row_loop is not None:
+            sch.unroll(row_loop)
+        sch.vectorize(vec)
+        init = sch.decompose_reduction(block, reduce_loop)
+        with contextlib.suppress(ScheduleError):
+            sch.vectorize(sch.get_loops(init)[-1])
+
+
+class Attention(ScheduleRule):
+    """Row-wise ``softmax(Q K^T + mask) V``: one parallel loop over query rows."""
+
+    name = "attention"
+
+    def apply(
+        self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
+    ) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        blocks = root_blocks(sch)
+        if any(sch.get_child_blocks(b) for b in blocks):
+            return None
+        if not all(is_spatial(sch, b) or is_reduction(sch, b) for b in blocks):
+            return None
+        contractions = [b for b in blocks if _is_contraction(sch, b)]
+        row_reductions = [b for b in blocks if _is_row_reduction(sch, b)]
+        if not contractions or len(contractions) > 2 or not row_reductions:
+            return None
+        if len(contractions) + len(row_reductions) != sum(
+            1 for b in blocks if is_reduction(sch, b)
+        ):
+            return None
+        blocks = inline_spatial(sch)
+        reductions = [b for b in blocks if not is_spatial(sch, b)]
+        rows = _shared_rows(sch, reductions)
+        if rows == 0:
+            return None
+        # Operands every row reads whole (K^T, V): computed once, before the row loop;
+        # blocks after the last reduction (an output transpose) are the row's epilogue.
+        last = max(k for k, b in enumerate(blocks) if not is_spatial(sch, b))
+        epilogue = blocks[last + 1:]
+        shared = [
+            b for b in blocks[:last] if is_spatial(sch, b) and _reads_whole_rows_of(sch, b, rows)
+        ]
+        shared_stmts = [sch.get(b) for b in shared]
+        in_row = [b for b in blocks[:last + 1]
+                  if not any(sch.get(b).same_as(s) for s in shared_stmts)]
+        if any(
+            not any(sch.get(p).same_as(s) for s in shared_stmts)
+            for b in shared for p in sch.get_producers(b)
+        ):
+            return None  # a shared operand computed from row values: not this workload
+        rows = _shared_rows(sch, in_row)
+        if rows == 0 or not _row_local(sch, in_row, rows):
+            return None
+        outputs = [sch.get(b) for b in sch.get_output_blocks(sch.get_sblock("root"))]
+        anchor = in_row[-1]
+        if any(sch.get(b).same_as(o) for b in in_row[:-1] for o in outputs):
+            return None  # several outputs: the row chain could not be anchored at one block
+        if any(not is_spatial(sch, b) for b in epilogue):
+            return None
+
+        width = lanes(hw, dtype_bits(sch, anchor))
+        loops = sch.get_loops(anchor)
+        extents = [static_extent(sch, lp) for lp in loops[:rows]]
+        row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
+        work = None if None in extents else 1
+        for ext in extents if work is not None else ():
+            work *= ext
+        if extents[-1] is not None and extents[-1] % ROW_TILE == 0:
+            # Blocks of ROW_TILE query rows: every K^T / V vector loaded serves all of them.
+            row, _ = sch.split(row, [None, ROW_TILE])
+        if hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 256):
+            sch.parallel(row)
+        for block in reversed(in_row[:-1]):
+            sch.compute_at(block, row, preserve_unit_loops=True)
+        for block in epilogue:
+            sch.reverse_compute_at(block, row, preserve_unit_loops=True)
+        for block in shared:
+            parallel_vectorize(sch, block, hw)
+        for block in epilogue:
+            _vectorize_innermost(sch, block, width, 1)
+        for block in in_row:
+            kinds = iter_kinds(sch, block)
+            if _is_contraction(sch, block) and kinds[rows:] in ("SR", "R"):
+                _shape_contraction(sch, block, width, rows)
+            elif is_spatial(sch, block):
+                _vectorize_innermost(sch, block, width, 1)
+        return sch
