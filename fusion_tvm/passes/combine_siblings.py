@@ -73,7 +73,6 @@ class _LiftMatmulWeights(relax.PyExprMutator):
         super().__init__(mod)
         self.lifted: dict[str, object] = {}
         self.params: list[relax.Var] = []
-        self._seen: dict = {}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
         call = super().visit_call_(call)
@@ -93,12 +92,12 @@ class _LiftMatmulWeights(relax.PyExprMutator):
     def _lift(self, expr):
         if not isinstance(expr, tvm.ir.expr.Constant) or not isinstance(expr.ty, relax.TensorType):
             return expr
-        if expr not in self._seen:
-            var = relax.Var(f"__ftvm_w{len(self.params)}", expr.ty)
-            self._seen[expr] = var
-            self.params.append(var)
-            self.lifted[var.name] = expr.value
-        return self._seen[expr]
+        # One parameter per use: exporters share one constant between branches (HF BERT's
+        # Q, K and V biases are one zero tensor), and the pattern wants distinct biases.
+        var = relax.Var(f"__ftvm_w{len(self.params)}", expr.ty)
+        self.params.append(var)
+        self.lifted[var.name] = expr.value
+        return var
 
 
 @tvm.transform.module_pass(opt_level=0, name="CombineSiblingMatmuls")
