@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when run as a script
+
 PASS, FAIL, UNSUPPORTED, CRASH = "pass", "fail", "unsupported", "crash"
 STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH)
 HW = "ci-x86-avx2"
@@ -60,8 +62,15 @@ def load_cases(names=None, pattern: str | None = None) -> dict:
 
 
 def _tensors(values) -> list[np.ndarray] | None:
+    """The case's values as arrays; None when one is not a tensor (a sequence, a string)."""
+    from onnx import TensorProto, numpy_helper
+
     out = []
     for v in values:
+        if isinstance(v, TensorProto):  # exotic dtypes (float8, int4, bfloat16) come this way
+            v = numpy_helper.to_array(v)
+        elif isinstance(v, np.generic):
+            v = np.asarray(v)
         if not isinstance(v, np.ndarray) or v.dtype.kind in "OUS":
             return None
         out.append(v)
@@ -73,6 +82,8 @@ def _compare(got, want, rtol, atol) -> str:
         return f"{len(got)} outputs, expected {len(want)}"
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         g = np.asarray(g)
+        if w.dtype.kind == "V":  # ml_dtypes (bfloat16, float8, int4): compare as float32
+            g, w = g.astype(w.dtype).astype(np.float32), w.astype(np.float32)
         if g.shape != w.shape:
             return f"output {i}: shape {g.shape}, expected {w.shape}"
         if w.dtype.kind in "fc":
@@ -162,53 +173,83 @@ def _worker(names: list[str]) -> None:
     for name in names:
         print(json.dumps({"start": name}), flush=True)
         row = {"name": name}
-        for side, fn in (("ours", run_ours), ("stock", run_stock)):
+        # Ours runs even where the stock importer refuses the model: it must refuse it too
+        # (same error class), which costs only an import.
+        for side, fn in (("stock", run_stock), ("ours", run_ours)):
+            t0 = time.perf_counter()
             with np.errstate(all="ignore"):
                 status, detail = fn(cases[name])
             row[side], row[f"{side}_detail"] = status, detail
+            row[f"{side}_s"] = round(time.perf_counter() - t0, 2)
         print(json.dumps(row), flush=True)
 
 
-def run_isolated(names: list[str], chunk: int = 60, per_model_s: float = 60.0,
+def run_isolated(names: list[str], chunk: int = 60, per_model_s: float = 120.0,
                  log=None) -> dict[str, dict]:
     """Run ``names`` in child processes (``chunk`` models each); a model whose child dies
-    or hangs is a crash, and the rest of its chunk goes on in a new child."""
+    or runs past ``per_model_s`` is a crash (``timeout``), and the rest of its chunk goes on
+    in a new child."""
     results: dict[str, dict] = {}
     for i in range(0, len(names), chunk):
         results.update(_run_chunk(names[i:i + chunk], per_model_s, log))
     return {n: results[n] for n in names}
 
 
+def _crash_row(name: str, why: str) -> dict:
+    return {"name": name, "ours": CRASH, "stock": CRASH, "ours_detail": why,
+            "stock_detail": why}
+
+
+def _pump(stream, lines) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
 def _run_chunk(names: list[str], per_model_s: float, log) -> dict[str, dict]:
+    import queue
+    import threading
+
     results: dict[str, dict] = {}
     todo = list(names)
     while todo:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", *todo]
-        started = None
-        timeout_s = 120 + per_model_s * len(todo)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-            out, code = proc.stdout, proc.returncode
-        except subprocess.TimeoutExpired as err:
-            out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-            code = "timeout"
-        for line in out.splitlines():
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+        lines: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
+        reader.start()
+        started, why = None, None
+        # Loading the cases in the child takes a few seconds before the first "start".
+        deadline = time.monotonic() + per_model_s + 60
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                proc.kill()
+                why = f"timeout after {per_model_s:.0f} s"
+                break
+            if line is None:
+                why = f"worker exited: {proc.wait()}"
+                break
             if not line.startswith("{"):
                 continue
             msg = json.loads(line)
             if "start" in msg:
                 started = msg["start"]
+                deadline = time.monotonic() + per_model_s
             else:
                 results[msg["name"]] = msg
                 started = None
                 if log:
                     log(msg)
+        proc.wait()
         todo = [n for n in todo if n not in results]
         if todo:
             victim = started or todo[0]
-            results[victim] = {"name": victim, "ours": CRASH, "stock": CRASH,
-                               "ours_detail": f"worker exited: {code}",
-                               "stock_detail": f"worker exited: {code}"}
+            results[victim] = row = _crash_row(victim, why)
+            if log:
+                log(row)
             todo.remove(victim)
     return results
 
@@ -231,56 +272,84 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def read_progress(path: Path) -> dict[str, dict]:
+    """Rows of a progress JSONL by name (a later row for a name wins)."""
+    if not path.exists():
+        return {}
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return {r["name"]: r for r in rows}
+
+
+def write_tables(results: dict[str, dict], out: Path, total: int, note: str = "") -> None:
+    """``out``.json (per-model rows) and ``out``.md (the table) from finished rows."""
+    out.with_suffix(".json").write_text(json.dumps(
+        {"total_cases": total, "done": len(results), "note": note,
+         "results": dict(sorted(results.items()))}, indent=1) + "\n")
+    head = (f"# ONNX node-test conformance\n\n{len(results)} of {total} ONNX backend node "
+            "test cases (generated by `onnx.backend.test.case.node.collect_testcases`, "
+            "onnx " + _onnx_version() + "). " + note + "\n\n")
+    out.with_suffix(".md").write_text(head + "```\n" + table(results) + "\n```\n")
+
+
+def _onnx_version() -> str:
+    import onnx
+
+    return onnx.__version__
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", help="regex on test names")
     parser.add_argument("--limit", type=int, help="first N tests (after --filter)")
     parser.add_argument("--every", type=int, default=1, help="every k-th test (a sample)")
-    parser.add_argument("--skip", type=Path, help="skip the tests already in this progress file")
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes")
-    parser.add_argument("--json", type=Path, help="write per-model results here")
-    parser.add_argument("--progress", type=Path, help="append each result here as it comes")
-    parser.add_argument("--from-progress", type=Path, help="only print the table of a file")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per model")
+    parser.add_argument("--progress", type=Path, default=RESULTS / "conformance.jsonl",
+                        help="append each result here; tests already in it are skipped")
+    parser.add_argument("--fresh", action="store_true", help="ignore the progress file")
+    parser.add_argument("--out", type=Path, default=RESULTS / "conformance",
+                        help="write OUT.json and OUT.md (all rows of the progress file)")
+    parser.add_argument("--from-progress", action="store_true",
+                        help="only write and print the table of the progress file")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         _worker(args.worker)
         return 0
-    if args.from_progress:
-        rows = [json.loads(ln) for ln in args.from_progress.read_text().splitlines() if ln]
-        print(table({r["name"]: r for r in rows}))
-        return 0
-    names = list(load_cases(pattern=args.filter))[:: args.every][: args.limit]
-    if args.skip and args.skip.exists():
-        done = {json.loads(ln)["name"] for ln in args.skip.read_text().splitlines() if ln}
-        names = [n for n in names if n not in done]
+    all_names = list(load_cases(pattern=args.filter))[:: args.every][: args.limit]
+    if args.fresh and args.progress.exists():
+        args.progress.unlink()
+    done = read_progress(args.progress)
+    names = [n for n in all_names if n not in done]
     start = time.perf_counter()
-    shards = [names[i::args.jobs] for i in range(args.jobs)]
-    log = None
-    if args.progress:
+    if not args.from_progress and names:
+        shards = [names[i::args.jobs] for i in range(args.jobs)]
+        import threading
+
+        lock = threading.Lock()
+
         def log(row, path=args.progress):
-            with path.open("a") as f:
+            with lock, path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-    parts = [None] * len(shards)
 
-    def run(i):
-        parts[i] = run_isolated(shards[i], log=log)
+        def run(shard):
+            run_isolated(shard, per_model_s=args.timeout, log=log)
 
-    if args.jobs > 1:
-        from concurrent.futures import ThreadPoolExecutor
+        if args.jobs > 1:
+            from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(run, range(len(shards))))
-    else:
-        run(0)
-    results = {}
-    for part in parts:
-        results.update(part)
-    results = {n: results[n] for n in names}
+            with ThreadPoolExecutor(args.jobs) as pool:
+                list(pool.map(run, shards))
+        else:
+            run(shards[0])
+        print(f"{len(names)} node tests run in {time.perf_counter() - start:.0f} s")
+    rows = read_progress(args.progress)
+    results = {n: rows[n] for n in all_names if n in rows}
+    write_tables(results, args.out, len(all_names))
     print(table(results))
-    print(f"\n{len(names)} node tests in {time.perf_counter() - start:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
     worse = [r for r in results.values() if r["stock"] == PASS and r["ours"] != PASS]
     return 1 if worse else 0
 

@@ -125,7 +125,7 @@ class CompiledModel:
             names, arrays, self.loaded.input_shapes, self.loaded.input_dtypes, strict=True
         ):
             arr = np.asarray(arr)
-            if str(arr.dtype) != dtype:
+            if dtype and str(arr.dtype) != dtype:
                 raise InputMismatchError(
                     f"input '{name}' has dtype {arr.dtype}, the model expects {dtype}"
                 )

@@ -393,7 +393,7 @@ def _load_npy(path: str):
 
 def _check_input(spec: dict, arr, bound: dict) -> None:
     name = spec["name"]
-    if str(arr.dtype) != spec["dtype"]:
+    if spec["dtype"] and str(arr.dtype) != spec["dtype"]:
         raise InputMismatchError(f"input '{name}' has dtype {arr.dtype}, the model expects "
                                  f"{spec['dtype']}")
     if len(arr.shape) != len(spec["shape"]):

@@ -37,6 +37,7 @@ class LoadedModel:
     input_shapes : tuple of tuple of (int or str)
         Static dims as ints, symbolic dims by name (``"batch"``, ``"sequence"``).
     input_dtypes : tuple of str
+        ``""`` where the model leaves an input's element type open (any dtype is accepted).
     output_names : tuple of str
     source : {"onnx", "irmodule", "torch"}
     """
@@ -145,7 +146,8 @@ def _describe(mod: IRModule, source: Source, input_names, output_names) -> Loade
             dtypes.append(str(ty))
             continue
         shapes.append(_dims(ty))
-        dtypes.append(str(ty.dtype))
+        # An input of unknown element type (an ONNX optional, say) accepts any dtype.
+        dtypes.append("" if ty.dtype is None else str(ty.dtype))
     return LoadedModel(
         mod=mod,
         input_names=tuple(input_names),
