@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow ``python benchmarks/run.py`` from anywhere
     sys.path.insert(0, str(ROOT))
 
-DEFAULT_SUITE = ["mlp", "detection_head", "resnet18", "resnet18:batch=8", "resnet50",
-                 "mobilenetv2", "bert_2l_s16", "bert_2l", "bert_2l:batch=8", "bert_base",
+DEFAULT_SUITE = ["mlp", "detection_head", "resnet18", "resnet18:batch=8",
+                 "resnet18:dynamic=True,batch=4", "resnet50", "mobilenetv2", "bert_2l_s16",
+                 "bert_2l", "bert_2l:batch=8", "bert_2l:dynamic=True,seq=77", "bert_base",
                  "gpt2_2l", "gpt2", "vit_tiny"]
 # --quick: realistic operator mix at dimensions that compile and run in seconds on 2 cores.
 QUICK_SUITE = ["mlp", "detection_head", "resnet18:image=64,width=16",
@@ -570,14 +571,20 @@ def main(argv=None) -> int:
     progress(f"{info['cpu']}, {info['usable_cores']} cores, {args.threads} thread(s); "
              f"{len(models)} model(s)")
     rows = []
+    t_start = time.perf_counter()
     for i, (label, name, kw) in enumerate(models, 1):
-        progress(f"[{i}/{len(models)}] {label}: building ONNX")
+        elapsed = time.perf_counter() - t_start
+        eta = f", ~{elapsed / (i - 1) * (len(models) - i + 1) / 60:.0f} min left" if i > 1 else ""
+        done = round(20 * (i - 1) / len(models))
+        progress(f"[{'#' * done}{'.' * (20 - done)}] {i}/{len(models)} {label} "
+                 f"({elapsed / 60:.1f} min elapsed{eta}): building ONNX")
         model = zoo.get_model(name, **kw)
         feeds = zoo.example_inputs(model, seed=0)
         ctx = Context(args.threads, args.target, args.hw, zoo.default_dims(model) or None)
         rows.append(bench_model(label, model, feeds, args.contenders, ctx, args))
         del model
         write_results(rows, info, args, final=i == len(models))
+    progress(f"done: {len(models)} model(s) in {(time.perf_counter() - t_start) / 60:.1f} min")
     bad = [f"{r['model']}/{n}: {c['status']}" for r in rows for n, c in r["contenders"].items()
            if c["status"] in ("failed", "mismatch")]
     if bad:
