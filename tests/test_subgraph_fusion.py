@@ -1,0 +1,166 @@
+"""Subgraph-level fusion kinds, one small model each: the kernel count the kind gives, the
+count without it, and numerical equality with the unfused build.
+
+Also TVM's regression cases (#20342: exp chain + broadcast add; #20401: MaxPool + Add): the
+plan must not fuse what makes the kernel slower, and the result must equal the unfused one.
+"""
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+import fusion_tvm
+from benchmarks.ablation import CASES, inputs
+from benchmarks.zoo.builder import GraphBuilder
+from fusion_tvm.legality import FusionKinds
+from fusion_tvm.search import SearchConfig
+
+HW = "ci-x86-avx2"
+
+
+def _layernorm_rows():
+    """A layer norm as torch<=1.x exports it: two means and the arithmetic around them."""
+    g = GraphBuilder("layernorm_rows")
+    x = g.add_input("x", [16, 32])
+    g.add_output(g.layernorm(x, 32, decomposed=True))
+    return g.build()
+
+
+def _two_outputs():
+    """2 x + 1 is an output and feeds a row sum: one kernel publishing both."""
+    g = GraphBuilder("two_outputs")
+    x = g.add_input("x", [16, 32])
+    e = g.op("Add", [g.op("Mul", [x, g.const(2.0)]), g.const(1.0)])
+    g.add_output(e)
+    g.add_output(g.op("ReduceSum", [e, g.ints([-1])], keepdims=1))
+    return g.build()
+
+
+def _siblings(bias_first: bool):
+    """Q/K/V-like projections of one input, bias added in the exporter's order."""
+    g = GraphBuilder("siblings")
+    x = g.add_input("x", [32, 64])
+    bias = g.normal((64,), 0.1, "shared_bias")  # one constant for all three, as HF exports
+    for k in range(3):
+        y = g.op("MatMul", [x, g.normal((64, 64), 0.1, f"w{k}")])
+        g.add_output(g.op("Add", [bias, y] if bias_first else [y, bias]))
+    return g.build()
+
+
+def _prologue():
+    g = GraphBuilder("prologue")
+    x = g.add_input("x", [64, 32])
+    t = g.op("Transpose", [g.op("Mul", [x, g.const(0.5)])], perm=[1, 0])
+    g.add_output(g.op("MatMul", [t, g.normal((64, 48), 0.1, "w")]))
+    return g.build()
+
+
+def _conv_bn():
+    g = GraphBuilder("conv_bn")
+    x = g.add_input("x", [1, 8, 16, 16])
+    g.add_output(g.relu(g.batchnorm(g.conv(x, 8, 16, 3, bias=False), 16, gamma=0.8)))
+    return g.build()
+
+
+#: kind -> (model, kernels with the kind, kernels without it)
+KINDS = {
+    "reduction_chains": (_layernorm_rows, 1, 3),
+    "multi_output": (_two_outputs, 1, 2),
+    "siblings": (lambda: _siblings(bias_first=True), 1, 3),
+    "attention": (lambda: CASES["attention"](True), 1, 3),
+    "prologue": (_prologue, 1, 2),
+}
+
+
+def _build(model, **kw):
+    return fusion_tvm.compile(model, hw=HW, **kw)
+
+
+def _assert_same(a, b, feeds):
+    for x, y in zip(a.run(feeds), b.run(feeds), strict=True):
+        np.testing.assert_allclose(x.astype("float32"), y.astype("float32"),
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_kind_gives_its_kernel_count_and_equal_results(kind):
+    make, with_kind, without_kind = KINDS[kind]
+    model = make()
+    feeds = inputs(model, seed=1)
+    unfused = _build(model, fusion="none")
+    ours = _build(model)
+    off = _build(model, search=SearchConfig(kinds=FusionKinds(**{kind: False})))
+    assert ours.num_kernels == with_kind
+    assert off.num_kernels == without_kind
+    _assert_same(ours, unfused, feeds)
+    _assert_same(off, unfused, feeds)
+
+
+def test_siblings_either_bias_order():
+    for bias_first in (True, False):
+        model = _siblings(bias_first)
+        ours = _build(model)
+        assert ours.num_kernels == 1, f"bias_first={bias_first}"
+        _assert_same(ours, _build(model, fusion="none"), inputs(model, seed=2))
+
+
+def test_weight_folding_removes_batchnorm_ops():
+    model = _conv_bn()
+    feeds = inputs(model, seed=1)
+    ours = _build(model)
+    off = _build(model, search=SearchConfig(kinds=FusionKinds(weight_folding=False)))
+    ops = lambda cm: sum(len(g.ops) for g in cm.plan.groups)  # noqa: E731
+    assert ours.num_kernels <= off.num_kernels
+    assert ops(ours) < ops(off)  # the BN arithmetic folded into the weights at compile time
+    _assert_same(ours, _build(model, fusion="none"), feeds)
+    _assert_same(off, ours, feeds)
+
+
+def test_attention_is_one_kernel_scheduled_by_the_attention_rule():
+    from tvm import tirx
+
+    for name in ("attention", "attention_causal"):
+        model = CASES[name](True)
+        ours = _build(model)
+        rules = [str(f.attrs["fusion_tvm.rule"]) for f in ours.fused_mod.functions.values()
+                 if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs]
+        assert rules == ["attention"], name
+        _assert_same(ours, _build(model, fusion="none"), inputs(model, seed=3))
+
+
+def test_attention_needs_a_backend_template():
+    """Without ``TemplateLimits.attention`` the chain is never one group."""
+    from fusion_tvm.legality import TemplateLimits, attention_chain, check_templates
+    from fusion_tvm.pipeline import make_pipeline
+
+    model = CASES["attention"](True)
+    parts = make_pipeline(hw=HW)
+    with parts.target:
+        parts.fuse(parts.prepare(fusion_tvm.frontend.load_model(model).mod))
+    plan = parts.fuse_pass.plan
+    (block,) = plan.blocks
+    graph = block.graph
+    group = frozenset(g for g in graph.fusible_nodes)
+    assert attention_chain(graph, group)
+    assert check_templates(graph, group, TemplateLimits(attention=True))
+    assert not check_templates(graph, group, TemplateLimits())
+
+
+def test_tvm20342_exp_chain_not_recomputed_per_broadcast_element():
+    model = CASES["tvm20342"](True)
+    ours = _build(model)
+    (group,) = [g for g in ours.plan.groups if any("add" in f for f in g.prim_funcs)]
+    assert not any("exp" in f for f in group.prim_funcs), "exp chain fused into the broadcast add"
+    _assert_same(ours, _build(model, fusion="none"), inputs(model, seed=4))
+
+
+def test_tvm20401_maxpool_add():
+    model = CASES["tvm20401"](True)
+    ours = _build(model)
+    assert ours.num_kernels <= 2
+    _assert_same(ours, _build(model, fusion="none"), inputs(model, seed=5))
+
+
+def test_fp16_feeds_are_built():
+    model = CASES["tvm20342"](True)
+    assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16
