@@ -27,6 +27,7 @@ from .errors import UnknownNameError
 from .legality import FusionKinds
 from .passes.combine_siblings import combine_siblings
 from .passes.fuse_by_cost_model import FuseByCostModel
+from .passes.mark_noalias import MarkShapeFuncsNoAlias
 from .passes.split_to_slices import SplitToSlices
 from .search import SearchConfig
 from .targets.base import Backend, get_backend
@@ -56,10 +57,11 @@ def prepare_passes(
 ) -> list[tvm.transform.Pass]:
     """Inference simplifications, the graph-level fusion kinds (BatchNorm folded into conv
     weights, sibling matmuls combined), legalization and annotation."""
-    layout = list(backend.layout_passes()) if backend is not None else []
+    hw = hw or get_hardware("host")
+    layout = list(backend.layout_passes(hw)) if backend is not None else []
     kinds = kinds or FusionKinds()
     fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
-    siblings = [combine_siblings(hw or get_hardware("host"))] if kinds.siblings else []
+    siblings = [combine_siblings(hw)] if kinds.siblings else []
     use_fast = backend.fast_math if backend is not None else True
     fast_math = [relax.transform.FastMathTransform()] if use_fast else []
     return [
@@ -96,6 +98,7 @@ def lower_passes() -> list[tvm.transform.Pass]:
         t.LowerRuntimeBuiltin(),
         t.ComputePrimValue(),
         t.VMShapeLower(),
+        MarkShapeFuncsNoAlias(),  # else the whole LLVM module loses alias info
         t.AttachGlobalSymbol(),
     ]
 

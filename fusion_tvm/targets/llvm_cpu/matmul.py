@@ -22,6 +22,7 @@ import contextlib
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits, get_index_map
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
@@ -168,6 +169,62 @@ def _inline_producers(sch: s_tir.Schedule, block: SBlockRV) -> None:
             break
 
 
+def _row_fusion(block: tirx.stmt.SBlock):
+    """Where several I iterators of the matmul ``block`` fuse into its row axis.
+
+    Returns ``(first, last, extents)``: the first and last positions of the I axes among
+    C's axes (consecutive) and C's extents; None when I is a single iterator.
+    """
+    traits = detect_iter_traits(block)
+    if traits is None:
+        return None
+    c_traits = traits[2]
+    pos = [p for p, t in enumerate(c_traits) if t.kind == IterKind.kIter_I]
+    if len(pos) <= 1 or pos[-1] - pos[0] != len(pos) - 1:
+        return None
+    return pos[0], pos[-1], [t.extent for t in c_traits]
+
+
+def _fuse_rows(sch: s_tir.Schedule, block: SBlockRV, rows: tuple) -> bool:
+    """Rewrite ``block`` (an elementwise epilogue over C's shape) to iterate fused rows.
+
+    A symbolic fused row axis (``N * S``) cannot be tiled by ``mr`` in ``(n, s)``
+    coordinates: the region of a tile straddling a batch boundary is over-approximated
+    to whole batches. Iterating ``n * S + s`` instead makes the tile region exact.
+    """
+    stmt = sch.get(block)
+    first, last, extents = rows
+    doms = [iv.dom.extent for iv in stmt.iter_vars]
+    if len(doms) != len(extents) or any(
+        not tvm_ffi.structural_equal(doms[p], extents[p]) for p in range(first, last + 1)
+    ):
+        return False
+
+    def fuse(*iters):
+        fused = iters[first]
+        for p in range(first + 1, last + 1):
+            fused = fused * doms[p] + iters[p]
+        return (*iters[:first], fused, *iters[last + 1 :])
+
+    index_map = tirx.IndexMap.from_func(fuse, ndim=len(doms))
+
+    try:
+        sch.transform_block_layout(block, index_map)
+        for w in range(len(sch.get(block).writes)):
+            if sch.get(block).writes[w].source.scope() == "global" and _is_alloc(
+                sch, sch.get(block).writes[w].source
+            ):
+                sch.transform_layout(block, ("write", w), index_map)
+    except ScheduleError:
+        return False
+    return True
+
+
+def _is_alloc(sch: s_tir.Schedule, buf) -> bool:
+    """Whether ``buf`` is allocated inside the function (not a parameter)."""
+    return any(b.same_as(buf) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
+
+
 class Matmul(ScheduleRule):
     """Register-tiled GEMM with packed B, tile-level epilogue and parallel tiles."""
 
@@ -218,15 +275,32 @@ class Matmul(ScheduleRule):
             nr = _largest_divisor(inner_j, nr) if isinstance(inner_j, int) else nr
             tile_epilogue = tile_epilogue and isinstance(inner_j, int)
 
-        # Step 2. A ragged N is padded to whole vectors so the kernel has no scalar tail.
-        n_static = static_extent(sch, j)
-        if n_static is None or n_static % nr:
-            with contextlib.suppress(ScheduleError):
-                sch.pad_einsum(main, [1, 1, nr, 1])
-                n_static = static_extent(sch, sch.get_loops(main)[2])
-                for block in sch.get_consumers(main):  # the padded-output copy joins the epilogue
-                    with contextlib.suppress(ScheduleError):
-                        sch.compute_inline(block)
+        # Step 2. Pad a ragged or symbolic M to whole register tiles and a ragged N to whole
+        # vectors: the hot loop then runs without row guards or scalar tails. The padded
+        # copy of A (the only extra pass) also computes A's cheap producers.
+        m_static, n_static = static_extent(sch, i), static_extent(sch, j)
+        pad_m = mr if m_static is None or m_static % mr else 1
+        pad_n = nr if n_static is None or n_static % nr else 1
+        a_pad = None
+        for padding in ([1, pad_m, pad_n, 1], [1, 1, pad_n, 1]):
+            if padding[1:3] == [1, 1]:
+                break
+            try:
+                sch.pad_einsum(main, padding)
+            except ScheduleError:
+                continue
+            if padding[1] > 1:
+                a_source = sch.get(main).reads[0].source
+                a_pad = next(
+                    b
+                    for b in sch.get_producers(main)
+                    if any(w.source.same_as(a_source) for w in sch.get(b).writes)
+                )
+            n_static = static_extent(sch, sch.get_loops(main)[2])
+            for block in sch.get_consumers(main):  # the padded-output copy joins the epilogue
+                with contextlib.suppress(ScheduleError):
+                    sch.compute_inline(block)
+            break
 
         # Step 3. Operands: pack B once (its producers run inside the pack), read A in place.
         if tiles.pack_b:
@@ -252,7 +326,11 @@ class Matmul(ScheduleRule):
                     sch.vectorize(p_ji)
         else:
             _inline_operand(sch, main, 1)
-        _inline_operand(sch, main, 0, cheap_only=True)
+        if a_pad is None:
+            _inline_operand(sch, main, 0, cheap_only=True)
+        else:
+            _inline_operand(sch, a_pad, 0)
+            parallel_vectorize(sch, a_pad, hw)
         with contextlib.suppress(ScheduleError):
             sch.reverse_compute_inline(reindex_c)
 
@@ -271,21 +349,28 @@ class Matmul(ScheduleRule):
         with contextlib.suppress(ScheduleError):
             sch.vectorize(sch.get_loops(acc)[-1])
 
-        # Step 5. Epilogue on the finished tile, consumers in dataflow order.
+        # Step 5. Epilogue on the finished tile, consumers in dataflow order. A block that
+        # cannot follow the tile runs at the root after the GEMM, and so do its consumers.
+        symbolic = (isinstance(inner_i, tvm.ir.expr.Expr), isinstance(inner_j, tvm.ir.expr.Expr))
+        rows = _row_fusion(main_stmt) if symbolic == (True, False) else None
         frontier = list(sch.get_consumers(acc))
         placed: list = []
         while frontier:
             block = frontier.pop(0)
             if any(sch.get(block).same_as(p) for p in placed):
                 continue
+            placed.append(sch.get(block))
             try:
-                if not tile_epilogue:
+                if rows is not None:
+                    if not _fuse_rows(sch, block, rows):
+                        raise ScheduleError("epilogue rows do not fuse")
+                elif not tile_epilogue:
                     raise ScheduleError("tile would straddle a fused axis")
                 sch.reverse_compute_at(block, tile, preserve_unit_loops=True)
             except ScheduleError:
-                parallel_vectorize(sch, block, hw)
+                _schedule_at_root(sch, block, hw, placed)
                 continue
-            placed.append(sch.get(block))
+            placed[-1] = sch.get(block)
             if vector_friendly(sch, block, tiled=True):
                 with contextlib.suppress(ScheduleError):
                     sch.vectorize(sch.get_loops(block)[-1])
@@ -300,6 +385,20 @@ class Matmul(ScheduleRule):
             with contextlib.suppress(ScheduleError, ValueError):  # ValueError: inlined
                 parallel_vectorize(sch, block, hw)
         return sch
+
+
+def _schedule_at_root(
+    sch: s_tir.Schedule, block: SBlockRV, hw: HardwareSpec, done: list
+) -> None:
+    """Schedule ``block`` and, transitively, its consumers as root-level loop nests."""
+    pending = [block]
+    while pending:
+        block = pending.pop(0)
+        parallel_vectorize(sch, block, hw)
+        for consumer in sch.get_consumers(block):
+            if not any(sch.get(consumer).same_as(d) for d in done):
+                done.append(sch.get(consumer))
+                pending.append(consumer)
 
 
 def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule | None:
