@@ -269,6 +269,9 @@ def table(results: dict[str, dict]) -> str:
     lines += [f"  {r['name']}: {r['ours']}: {r['ours_detail']}" for r in worse]
     lines.append(f"ours passes where stock does not ({len(better)}):")
     lines += [f"  {r['name']}: stock {r['stock']}: {r['stock_detail']}" for r in better]
+    odd = [r for r in results.values() if r["stock"] == UNSUPPORTED and r["ours"] != UNSUPPORTED]
+    lines.append(f"stock importer refuses, ours does not ({len(odd)}):")
+    lines += [f"  {r['name']}: ours {r['ours']}: {r['ours_detail']}" for r in odd]
     return "\n".join(lines)
 
 

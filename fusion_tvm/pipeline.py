@@ -28,6 +28,7 @@ from .legality import FusionKinds
 from .passes.combine_siblings import combine_siblings
 from .passes.fuse_by_cost_model import FuseByCostModel
 from .passes.mark_noalias import MarkShapeFuncsNoAlias
+from .passes.sort_shape_func_stores import SortShapeFuncStores
 from .passes.split_to_slices import SplitToSlices
 from .search import SearchConfig
 from .targets.base import Backend, get_backend
@@ -99,6 +100,7 @@ def lower_passes() -> list[tvm.transform.Pass]:
         t.VMShapeLower(),
         MarkShapeFuncsNoAlias(),  # else the whole LLVM module loses alias info
         t.AttachGlobalSymbol(),
+        SortShapeFuncStores(),  # VMShapeLower's store order follows addresses
     ]
 
 
