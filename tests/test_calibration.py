@@ -170,3 +170,151 @@ def test_prediction_report_structure(quick):
     assert not model["skipped"]  # every kernel of the plan found in fused_mod and timed
     assert set(d["summary"]) >= {"spearman", "median_ape", "median_speedup_error"}
     assert "mlp" in report.table()
+
+
+# ------------------------------------------------------------ the model uses what is calibrated
+def _elementwise_graph(rows: int, cols: int, transcendental: bool = False):
+    """A one-op graph: ``x + 1`` (or ``tanh(x)``) on a ``rows x cols`` tensor."""
+    import tvm
+    from tvm import relax, topi
+
+    from fusion_tvm.graph import build_fusion_graph
+    from fusion_tvm.grouping import vars_used_after
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if transcendental:
+                y = bb.emit_te(topi.tanh, x, primfunc_name_hint="tanh")
+            else:
+                y = bb.emit_te(lambda a: topi.add(a, tvm.tirx.const(1.0, "float32")), x,
+                               primfunc_name_hint="add_one")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = relax.transform.AnnotateTIROpPattern()(bb.get())
+    func = mod["main"]
+    return build_fusion_graph(mod, func.body.blocks[0], vars_used_after(func, 0), {})
+
+
+def _matmul_graph(m: int, k: int, n: int):
+    from tvm import relax, topi
+
+    from fusion_tvm.graph import build_fusion_graph
+    from fusion_tvm.grouping import vars_used_after
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    w = relax.Var("w", relax.TensorType((k, n), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit_te(topi.nn.matmul, x, w, primfunc_name_hint="matmul")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = relax.transform.AnnotateTIROpPattern()(bb.get())
+    func = mod["main"]
+    return build_fusion_graph(mod, func.body.blocks[0], vars_used_after(func, 0), {})
+
+
+def _frozen(**changes) -> HardwareSpec:
+    from dataclasses import replace
+
+    return replace(get_hardware("ci-x86-avx2"), **changes)
+
+
+def test_roofline_charges_each_parallel_region():
+    from fusion_tvm.cost_models.roofline import RooflineCostModel
+
+    big, small = _elementwise_graph(256, 128), _elementwise_graph(16, 16)
+    g = frozenset([0])
+    base = RooflineCostModel(_frozen(parallel_overhead_s=0.0))
+    slow = RooflineCostModel(_frozen(parallel_overhead_s=20e-6))
+    # 32768 elements: one parallel loop; 256 elements: serial, never charged.
+    assert slow.estimate(big, g).detail["parallel_regions"] == 1
+    assert slow.estimate(big, g).time_s - base.estimate(big, g).time_s == pytest.approx(20e-6)
+    assert slow.estimate(small, g).detail["parallel_regions"] == 0
+    assert slow.estimate(small, g).time_s == pytest.approx(base.estimate(small, g).time_s)
+    one_core = RooflineCostModel(_frozen(parallel_overhead_s=20e-6, num_cores=1,
+                                         target={"kind": "llvm", "mcpu": "haswell"}))
+    assert one_core.estimate(big, g).detail["parallel_regions"] == 0
+
+
+def test_roofline_uses_class_efficiencies():
+    from fusion_tvm.cost_models.roofline import RooflineCostModel, shape_class
+    from fusion_tvm.ops import OpClass
+
+    assert shape_class("matmul", {OpClass.MATMUL: 1e4}) == "small"
+    assert shape_class("matmul", {OpClass.MATMUL: 1e9}) == "large"
+    assert shape_class("elementwise", {OpClass.ELEMENTWISE: 10.0}) == "plain"
+    assert shape_class("elementwise", {OpClass.TRANSCENDENTAL: 10.0}) == "transcendental"
+    small, large, g = _matmul_graph(16, 64, 64), _matmul_graph(512, 512, 512), frozenset([0])
+    flat = RooflineCostModel(_frozen(efficiency={"matmul": 0.5}))
+    split = RooflineCostModel(_frozen(efficiency={"matmul": 0.5, "matmul:small": 0.05}))
+    assert split.estimate(small, g).detail["shape_class"] == "small"
+    assert split.estimate(small, g).detail["efficiency"] == 0.05
+    # A lower small-GEMM efficiency makes small GEMMs dearer and leaves large ones alone.
+    def body(cost):
+        return cost.time_s - cost.detail["launch_s"] - cost.detail["internal_s"]
+
+    assert body(split.estimate(small, g)) == pytest.approx(10 * body(flat.estimate(small, g)))
+    assert split.estimate(large, g).time_s == pytest.approx(flat.estimate(large, g).time_s)
+    # An injected table wins over the spec (no global state: a second model is unaffected).
+    injected = RooflineCostModel(_frozen(efficiency={"matmul:small": 0.05}),
+                                 efficiency={"matmul": 1.0})
+    assert injected.estimate(small, g).detail["efficiency"] == 1.0
+    assert split.estimate(small, g).detail["efficiency"] == 0.05
+    tanh, add = _elementwise_graph(64, 64, True), _elementwise_graph(64, 64)
+    cm = RooflineCostModel(_frozen(efficiency={"elementwise": 0.5,
+                                               "elementwise:transcendental": 0.01}))
+    assert cm.estimate(tanh, g).detail["shape_class"] == "transcendental"
+    assert cm.estimate(add, g).detail["efficiency"] == 0.5
+
+
+def test_class_efficiencies_round_trip(tmp_path):
+    spec = _frozen(parallel_overhead_s=12e-6,
+                   efficiency={"matmul": 0.4, "matmul:small": 0.1, "reduction:window": 0.02})
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec.to_json()))
+    back = get_hardware(str(path))
+    assert back == spec and back.parallel_overhead_s == 12e-6
+    assert back.rule_efficiency("matmul", "small") == 0.1
+    assert back.rule_efficiency("matmul", "large") == 0.4
+
+
+def test_aggregate_by_class():
+    from fusion_tvm.calibration.micro import KernelEfficiency
+
+    def k(rule, cls, eff, calibrates=None):
+        return KernelEfficiency("w", "k", rule, 1.0, 0.0, 1.0, eff, calibrates=calibrates or rule,
+                                shape_class=cls)
+
+    effs = [k("matmul", "small", 0.1), k("matmul", "large", 0.9), k("matmul", "large", 0.4),
+            k("elementwise", "plain", 0.5), k("elementwise", "transcendental", 0.02,
+                                              "transcendental"),
+            k("elementwise", "plain", 0.001, "transcendental")]  # pow(x, 3): not a plain figure
+    agg = aggregate(effs, classes=True)
+    assert agg["matmul:small"] == pytest.approx(0.1)
+    assert agg["matmul:large"] == pytest.approx(0.6)
+    assert agg["matmul"] == pytest.approx((0.1 * 0.9 * 0.4) ** (1 / 3))
+    assert agg["elementwise"] == pytest.approx(0.5)
+    assert agg["elementwise:plain"] == pytest.approx(0.5)
+    assert agg["elementwise:transcendental"] == pytest.approx(0.02)
+    assert set(aggregate(effs)) == {"matmul", "elementwise"}
+
+
+def test_calibration_writes_parallel_overhead_and_classes(quick):
+    spec = quick.spec
+    # Measured (near zero where TVM_NUM_THREADS=1 leaves one worker), and in the spec.
+    assert spec.parallel_overhead_s == quick.parallel_overhead_s >= 0.0
+    probe = quick.parallel_probe_s
+    assert probe["parallel"] > 0 and probe["serial"] > 0
+    assert quick.parallel_overhead_s == pytest.approx(
+        max(probe["parallel"] - probe["serial"] / spec.num_cores, 0.0))
+    assert {"matmul:small", "matmul:large", "elementwise:transcendental"} <= set(spec.efficiency)
+    assert all(0 < v <= 1.5 for v in spec.efficiency.values())
+    # Each kernel's efficiency has its parallel loops' overhead taken out.
+    for k in quick.kernels:
+        body = k.measured_s - quick.call_s - k.regions * spec.parallel_overhead_s
+        expect = kernel_efficiency(k.roofline_s, k.internal_s, max(body, 1e-9))
+        assert k.efficiency == pytest.approx(expect)
+    assert HardwareSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec

@@ -9,11 +9,19 @@ Three families, all built from our own TIR (TVMScript) or our own pipeline:
   and written once per pass).
 * **launch overhead** of the Relax VM: a chain of ``k`` tiny kernels, time against ``k``; the
   slope is the cost of one kernel call in a model.
+* **thread-pool overhead**: a small kernel (a microsecond of work per core) timed with its
+  rows in parallel and serially; what the parallel one takes beyond ``serial / cores`` is
+  the fork/join cost of one parallel region (``parallel_overhead_s``). On a shared machine
+  it is mostly the time to wake a worker on a busy core, so it is measured, never assumed.
 * **rule efficiency**: representative workloads compiled with our pipeline (so each kernel
   is scheduled by the llvm_cpu rule that would handle it in a model); for every kernel,
   efficiency = roofline time under the spec / measured body time, the definition the
-  roofline cost model uses (``time = launch + max(compute, memory) / efficiency +
-  internal``). A rule's figure is the geometric mean over its kernels.
+  roofline cost model uses (``time = launch + regions x parallel overhead + max(compute,
+  memory) / efficiency + internal``), the body being the time alone less the direct call
+  and the thread-pool overhead of the kernel's parallel loops. A rule's figure is the
+  geometric mean over its kernels, written as ``"rule"``; where its kernels fall in
+  several shape classes (``roofline.shape_class``: small/large contractions, plain or
+  transcendental elementwise work) each class gets its own ``"rule:class"`` figure.
 """
 
 from __future__ import annotations
@@ -283,11 +291,20 @@ def _fallback_backend():
 def workloads(thorough: bool = False) -> list[Workload]:
     """Representative workloads, a few sizes each (more when ``thorough``)."""
     w = [
+        Workload("matmul_1x256x256", lambda: _matmul(1, 256, 256)),
+        Workload("matmul_16x64x64", lambda: _matmul(16, 64, 64)),
+        Workload("matmul_16x128x256", lambda: _matmul(16, 128, 256)),
         Workload("matmul_64x256x256", lambda: _matmul(64, 256, 256)),
         Workload("matmul_256x512x512", lambda: _matmul(256, 512, 512)),
         Workload("conv_16x32x32_3x3", lambda: _conv(16, 32, 16, 3)),
         Workload("conv_32x16x16_3x3", lambda: _conv(32, 16, 64, 3)),
+        Workload("conv_8x16x16_3x3", lambda: _conv(8, 16, 8, 3)),
+        Workload("conv_32x2x2_3x3", lambda: _conv(32, 2, 32, 3)),
+        Workload("conv_16x6x6_3x3_o24", lambda: _conv(16, 6, 24, 3)),
+        Workload("conv_64x1x1_1x1_o96", lambda: _conv(64, 1, 96, 1)),
         Workload("softmax_64x256", lambda: _softmax(64, 256)),
+        Workload("softmax_16x64", lambda: _softmax(16, 64)),
+        Workload("layernorm_16x64", lambda: _layernorm(16, 64)),
         Workload("layernorm_256x512", lambda: _layernorm(256, 512)),
         Workload("bias_relu_64x256", lambda: _bias_relu(64, 256)),
         Workload("bias_relu_512x1024", lambda: _bias_relu(512, 1024)),
@@ -303,7 +320,7 @@ def workloads(thorough: bool = False) -> list[Workload]:
             Workload("conv_64x56x56_3x3", lambda: _conv(64, 56, 64, 3)),
             Workload("conv_8x32x32_1x1", lambda: _conv(8, 32, 32, 1)),
             Workload("softmax_256x1024", lambda: _softmax(256, 1024)),
-            Workload("layernorm_16x64", lambda: _layernorm(16, 64)),
+            Workload("layernorm_64x128", lambda: _layernorm(64, 128)),
             Workload("bias_relu_16x64", lambda: _bias_relu(16, 64)),
             Workload("transpose_64x128x64", lambda: _transpose(64, 128, 64)),
             Workload("fallback_matmul_64x128x128", lambda: _matmul(64, 128, 128),
@@ -326,6 +343,8 @@ class KernelEfficiency:
     parallel: bool = False
     transcendental_flops: float = 0.0
     calibrates: str = ""  # the rule, or "transcendental"
+    regions: int = 0  # parallel loops of the scheduled kernel (thread-pool fork/joins)
+    shape_class: str = ""  # roofline.shape_class of the group
 
 
 def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> float:
@@ -339,11 +358,14 @@ def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> fl
 def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: bool = False,
                   log: Callable[[str], None] | None = None) -> list[tuple]:
     """Time every kernel of the representative workloads; returns ``(KernelEfficiency,
-    graph, group)`` triples (``hw`` supplies the roofline: peaks and calibrated bandwidths;
-    the graphs let :func:`refit` re-estimate under a changed spec without re-timing)."""
+    graph, group)`` triples (``hw`` supplies the roofline: peaks and calibrated bandwidths,
+    and the thread-pool overhead taken out of every parallel region; the graphs let
+    :func:`refit` re-estimate under a changed spec without re-timing)."""
     from ..api import compile as ft_compile
 
-    probe = replace(hw, efficiency={r: 1.0 for r in RULES}, launch_overhead_s=0.0)
+    par = hw.parallel_overhead_s
+    probe = replace(hw, efficiency={r: 1.0 for r in RULES}, launch_overhead_s=0.0,
+                    parallel_overhead_s=0.0)
     out = []
     for w in workloads(thorough):
         target = _target_kind(runner)
@@ -356,16 +378,19 @@ def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: boo
             roof = max(k.detail.get("compute_s", 0.0), k.detail.get("memory_s", 0.0))
             internal = k.detail.get("internal_s", 0.0)
             measured = time_kernel(runner, k.func)
-            eff = kernel_efficiency(roof, internal, max(measured - call_s, 1e-9))
+            regions = parallel_loops(k.func)
+            eff = kernel_efficiency(roof, internal,
+                                    max(measured - call_s - regions * par, 1e-9))
             trans = sum(k.graph.nodes[i].flops(k.graph.dims).get(OpClass.TRANSCENDENTAL, 0.0)
                         for i in k.members)
             e = KernelEfficiency(w.name, k.func_name, k.rule, roof, internal, measured, eff,
-                                 is_parallel(k.func), float(trans),
-                                 "transcendental" if w.transcendental else k.rule)
+                                 regions > 0, float(trans),
+                                 "transcendental" if w.transcendental else k.rule,
+                                 regions, str(k.detail.get("shape_class", "")))
             out.append((e, k.graph, k.members))
             if log:
                 log(f"  {w.name:<26} {k.func_name[:36]:<36} {k.rule:<11} "
-                    f"{measured * 1e6:9.1f} us  eff {eff:.3f}")
+                    f"{e.shape_class:<14} {regions}p {measured * 1e6:9.1f} us  eff {eff:.3f}")
     return out
 
 
@@ -381,39 +406,67 @@ def transcendental_peak(effs: Sequence[KernelEfficiency], call_s: float,
 
 
 def refit(measured: Sequence[tuple], spec: HardwareSpec, call_s: float) -> list[KernelEfficiency]:
-    """Efficiencies re-derived under ``spec`` (new peaks) from the same measurements."""
+    """Efficiencies re-derived under ``spec`` (new peaks or thread-pool overhead) from the
+    same measurements."""
     from ..cost_models.roofline import RooflineCostModel
     from ..targets.base import get_backend
 
     model = RooflineCostModel(replace(spec, efficiency={r: 1.0 for r in RULES},
-                                      launch_overhead_s=0.0), get_backend("llvm"))
+                                      launch_overhead_s=0.0, parallel_overhead_s=0.0),
+                              get_backend("llvm"))
+    par = spec.parallel_overhead_s
     out = []
     for e, graph, group in measured:
         d = model.estimate(graph, group).detail
         roof = max(d.get("compute_s", 0.0), d.get("memory_s", 0.0))
         internal = d.get("internal_s", 0.0)
-        eff = kernel_efficiency(roof, internal, max(e.measured_s - call_s, 1e-9))
+        body = max(e.measured_s - call_s - e.regions * par, 1e-9)
+        eff = kernel_efficiency(roof, internal, body)
         out.append(replace(e, roofline_s=roof, internal_s=internal, efficiency=eff))
     return out
 
 
+def parallel_loops(func) -> int:
+    """Parallel loops of a scheduled PrimFunc: each forks and joins the thread pool."""
+    return 0 if func is None else func.script().count("T.parallel(")
+
+
 def is_parallel(func) -> bool:
     """Whether a scheduled PrimFunc has a parallel loop (starts the thread pool)."""
-    return func is not None and "T.parallel(" in func.script()
+    return parallel_loops(func) > 0
 
 
 def _target_kind(runner: Runner) -> str:
     return str(runner.target.kind.name)
 
 
-def aggregate(effs: Sequence[KernelEfficiency]) -> dict[str, float]:
-    """Geometric mean of the efficiencies of each rule's kernels (the per-element
-    transcendental kernels calibrate the transcendental peak instead)."""
+def aggregate(effs: Sequence[KernelEfficiency], classes: bool = False) -> dict[str, float]:
+    """Geometric mean of the efficiencies of each rule's kernels.
+
+    The rule's figure (``"rule"``) leaves out the per-element transcendental kernels (they
+    calibrate the transcendental work: the ``"elementwise:transcendental"`` class, or the
+    transcendental peak). With ``classes``, a rule whose kernels fall in several shape
+    classes also gets one ``"rule:class"`` figure per class.
+    """
+    def gmean(v):
+        return float(math.exp(np.mean(np.log(v))))
+
     by_rule: dict[str, list[float]] = {}
+    by_class: dict[str, dict[str, list[float]]] = {}
     for e in effs:
         if e.calibrates != "transcendental":
             by_rule.setdefault(e.rule, []).append(e.efficiency)
-    return {r: float(math.exp(np.mean(np.log(v)))) for r, v in by_rule.items()}
+        # An activation kernel calibrates only the transcendental class: pow(x, 3) in GELU
+        # (counted as plain multiplies, compiled to powf) would mislead the plain class.
+        plain_activation = e.calibrates == "transcendental" and e.shape_class != "transcendental"
+        if e.shape_class and not plain_activation:
+            by_class.setdefault(e.rule, {}).setdefault(e.shape_class, []).append(e.efficiency)
+    out = {r: gmean(v) for r, v in by_rule.items()}
+    if classes:
+        for rule, per in by_class.items():
+            if len(per) > 1 or rule not in out:
+                out.update({f"{rule}:{c}": gmean(v) for c, v in per.items()})
+    return out
 
 
 # -------------------------------------------------------------------------------- driver
@@ -427,11 +480,12 @@ class CalibrationResult:
     chain_s: dict[int, float] = field(default_factory=dict)
     call_s: float = 0.0
     kernels: list[KernelEfficiency] = field(default_factory=list)
-    #: Extra cost of a kernel that starts the thread pool (parallel chain slope - serial).
-    #: The spec has no field for it (see ``report``: the model it would give).
+    #: Extra cost of one parallel region (parallel chain slope - serial), as in the spec.
     parallel_overhead_s: float = 0.0
     #: Measured throughput of the activation kernels (FLOP/s as the graph counts them).
     transcendental_flops_per_s: float | None = None
+    #: The thread-pool probe: seconds of the same work run serially and in parallel.
+    parallel_probe_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         from dataclasses import asdict
@@ -441,22 +495,48 @@ class CalibrationResult:
             "bandwidth": [asdict(b) for b in self.bandwidth],
             "launch_s": self.launch_s,
             "chain_s": {str(k): v for k, v in self.chain_s.items()},
+            "parallel_probe_s": dict(self.parallel_probe_s),
             "call_s": self.call_s,
             "kernels": [asdict(k) for k in self.kernels],
             "parallel_overhead_s": self.parallel_overhead_s,
             "transcendental_flops_per_s": self.transcendental_flops_per_s,
-            "efficiency_with_parallel_term": self.efficiency_with_parallel_term(),
         }
 
-    def efficiency_with_parallel_term(self) -> dict[str, float]:
-        """Rule efficiencies for a model that charges ``parallel_overhead_s`` to parallel
-        kernels separately (the figures above include it in the body)."""
-        effs = [replace(k, efficiency=kernel_efficiency(
-            k.roofline_s, k.internal_s,
-            max(k.measured_s - self.call_s - (self.parallel_overhead_s if k.parallel else 0.0),
-                1e-9)))
-            for k in self.kernels]
-        return aggregate(effs)
+
+def _row_add(rows: int, cols: int, parallel: bool):
+    """``B = A + 1`` on ``rows x cols`` floats, rows in parallel or not, columns vectorised."""
+    from tvm import s_tir, te
+
+    a = te.placeholder((rows, cols), "float32", name="A")
+    b = te.compute((rows, cols), lambda i, j: a[i, j] + tvm.tirx.const(1, "float32"), name="B")
+    sch = s_tir.Schedule(te.create_prim_func([a, b]))
+    outer, inner = sch.get_loops(sch.get_sblock("B"))
+    if parallel:
+        sch.parallel(outer)
+    sch.vectorize(inner)
+    return sch.mod["main"].with_attr("global_symbol", "main")
+
+
+#: Floats per thread of the thread-pool probe: about a microsecond of work, as in the small
+#: kernels of a model (an empty parallel loop under-reports a busy machine's stragglers).
+PROBE_COLS = 4096
+
+
+def measure_parallel_overhead(runner: Runner, hw: HardwareSpec
+                              ) -> tuple[float, dict[str, float]]:
+    """Seconds one parallel region adds to a kernel: the same work (``PROBE_COLS`` floats
+    per core) timed with its rows in parallel and serially; the overhead is what the
+    parallel kernel takes beyond its ideal share ``serial / cores`` (zero on one core)."""
+    if hw.num_cores <= 1:
+        return 0.0, {}
+    cores = hw.num_cores
+    args = [runner.tensor(np.zeros((cores, PROBE_COLS), "float32")) for _ in range(2)]
+    times = {}
+    for name, parallel in (("serial", False), ("parallel", True)):
+        module = runner.build_prim(tvm.IRModule({"main": _row_add(cores, PROBE_COLS,
+                                                                  parallel)}))
+        times[name] = runner.time_prim(module, args)
+    return max(times["parallel"] - times["serial"] / cores, 0.0), times
 
 
 def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
@@ -464,10 +544,16 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
                     rules: bool = True, transcendental: bool = False) -> CalibrationResult:
     """Measure ``base``'s device through ``runner``; return the calibrated spec and the data.
 
+    The spec gets the measured bandwidths, ``launch_overhead_s`` (VM call),
+    ``parallel_overhead_s`` (one thread-pool fork/join) and the efficiencies by rule and by
+    ``"rule:class"`` (fitted with the thread-pool overhead taken out of every parallel loop).
+
     ``transcendental``: also replace the preset's transcendental peak by the measured
-    throughput of the activation kernels. Off by default: the graph counts every ``pow`` as
-    transcendental, and ``pow(x, 2)`` (variance in LayerNorm) compiles to a multiply, so a
-    libm-level peak makes such kernels look 10x dearer than they are (see the report)."""
+    throughput of the activation kernels (their ``elementwise:transcendental`` efficiency
+    then absorbs less). Off by default: the per-class efficiency already makes the model
+    predict those kernels, and a peak fitted on activations misprices the few
+    transcendental operations inside normalisations (one rsqrt per row).
+    """
     say = log or (lambda _m: None)
     bw = measure_bandwidth(runner, base, thorough)
     for b in bw:
@@ -477,12 +563,12 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
     memory = tuple(replace(lvl, bandwidth_bytes_per_s=v) for lvl, v in zip(base.memory, fixed,
                                                                              strict=True))
     launch, chain = measure_launch(runner, thorough)
-    par_launch, _ = measure_launch(runner, thorough, parallel=base.num_cores)
+    par, probe = measure_parallel_overhead(runner, base)
     call = measure_call(runner)
-    par = max(par_launch - launch, 0.0) if base.num_cores > 1 else 0.0
     say(f"VM launch overhead {launch * 1e6:.2f} us/kernel (direct call {call * 1e6:.2f} us); "
         f"thread-pool start/join {par * 1e6:.2f} us")
-    spec = replace(base, name=f"{base.name}-calibrated", memory=memory, launch_overhead_s=launch)
+    spec = replace(base, name=f"{base.name}-calibrated", memory=memory, launch_overhead_s=launch,
+                   parallel_overhead_s=par)
     measured = measure_rules(runner, spec, call, thorough, say) if rules else []
     effs = [m[0] for m in measured]
     trans_peak = None
@@ -500,6 +586,6 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
             spec = replace(spec, peak_flops=flops)
             effs = refit(measured, spec, call)
     if effs:
-        spec = spec.with_efficiency(aggregate(effs))
+        spec = spec.with_efficiency(aggregate(effs, classes=True))
         say("efficiency: " + ", ".join(f"{k}={v:.3f}" for k, v in spec.efficiency.items()))
-    return CalibrationResult(spec, bw, launch, chain, call, effs, par, trans_peak)
+    return CalibrationResult(spec, bw, launch, chain, call, effs, par, trans_peak, probe)

@@ -73,8 +73,15 @@ class KernelRow:
     parallel: bool = False
     roofline_s: float = 0.0
     internal_s: float = 0.0
-    #: Prediction of the model with a thread-pool term (see :func:`with_parallel_term`).
-    predicted_alt_s: float | None = None
+    regions: int = 0  # parallel loops of the scheduled kernel
+    predicted_regions: int = 0  # the model's count (roofline.parallel_regions)
+    shape_class: str = ""
+    efficiency: float = 0.0
+
+    @property
+    def category(self) -> str:
+        """``rule:class`` with ``/par`` for kernels that start the thread pool."""
+        return f"{self.rule}:{self.shape_class or '-'}{'/par' if self.regions else ''}"
 
 
 @dataclass
@@ -121,19 +128,27 @@ class PredictionReport:
             "median_ape_raw": median_ape([r.predicted_s for r in k], [r.measured_s for r in k]),
             "median_speedup_error": float(np.median(errs)) if errs else float("nan"),
             "max_speedup_error": float(np.max(errs)) if errs else float("nan"),
-            **self._alt_summary(),
+            "regions_predicted_right": float(np.mean([r.regions == r.predicted_regions
+                                                      for r in k])) if k else float("nan"),
         }
 
-    def _alt_summary(self) -> dict:
-        k = [r for r in self.kernels if r.predicted_alt_s is not None]
-        if not k:
-            return {}
-        return {
-            "spearman_with_parallel_term": spearman([r.predicted_alt_s for r in k],
-                                                    [r.measured_in_vm_s for r in k]),
-            "median_ape_with_parallel_term": median_ape([r.predicted_alt_s for r in k],
-                                                        [r.measured_in_vm_s for r in k]),
-        }
+    def by_category(self) -> dict[str, dict]:
+        """Per ``rule:class[/par]``: kernels, median predicted/measured ratio, median abs
+        error (a ratio far from 1 names the term that is mispriced)."""
+        groups: dict[str, list[KernelRow]] = {}
+        for r in self.kernels:
+            groups.setdefault(r.category, []).append(r)
+        out = {}
+        for cat, rows in sorted(groups.items()):
+            p = [r.predicted_s for r in rows]
+            m = [r.measured_in_vm_s for r in rows]
+            out[cat] = {
+                "kernels": len(rows),
+                "median_ratio": float(np.median(np.asarray(p) / np.asarray(m))),
+                "median_ape": median_ape(p, m),
+                "median_measured_s": float(np.median(m)),
+            }
+        return out
 
     def to_json(self) -> dict:
         return {
@@ -141,6 +156,7 @@ class PredictionReport:
             "call_s": self.call_s,
             "parallel_overhead_s": self.parallel_overhead_s,
             "summary": self.summary(),
+            "by_category": self.by_category(),
             "models": [asdict(m) for m in self.models],
             "kernels": [asdict(k) for k in self.kernels],
         }
@@ -174,11 +190,13 @@ class PredictionReport:
             f"end-to-end speedup over FuseOps: median error {100 * s['median_speedup_error']:.1f}%"
             f", max {100 * s['max_speedup_error']:.1f}%",
         ]
-        if "spearman_with_parallel_term" in s:
-            lines.append(
-                f"with a thread-pool term ({self.parallel_overhead_s * 1e6:.1f} us per parallel "
-                f"kernel, not in the spec yet): Spearman {s['spearman_with_parallel_term']:.3f}"
-                f", median abs error {100 * s['median_ape_with_parallel_term']:.1f}%")
+        lines.append(f"parallel regions predicted right for "
+                     f"{100 * s['regions_predicted_right']:.0f}% of the kernels "
+                     f"({self.parallel_overhead_s * 1e6:.1f} us per region)")
+        lines += ["", f"{'class':<28} {'kern':>4} {'pred/meas':>9} {'MdAPE':>6} {'meas us':>8}"]
+        for cat, c in self.by_category().items():
+            lines.append(f"{cat:<28} {c['kernels']:>4} {c['median_ratio']:9.2f} "
+                         f"{100 * c['median_ape']:5.1f}% {c['median_measured_s'] * 1e6:8.1f}")
         return "\n".join(lines)
 
 
@@ -189,27 +207,12 @@ def _time_model(runner: Runner, cm, feeds, rounds: int) -> list[float]:
     return [runner.time_vm(vm, args, repeat=3) for _ in range(rounds)]
 
 
-@dataclass(frozen=True)
-class ParallelTerm:
-    """A model variant the spec cannot express yet: ``overhead_s`` more for every kernel with a
-    parallel loop, with rule efficiencies fitted without it (``CalibrationResult``)."""
-
-    overhead_s: float
-    efficiency: dict
-
-    def predict(self, launch_s: float, rule: str, roofline_s: float, internal_s: float,
-                parallel: bool, fallback_eff: float) -> float:
-        eff = self.efficiency.get(rule, fallback_eff)
-        return (launch_s + roofline_s / eff + internal_s
-                + (self.overhead_s if parallel else 0.0))
-
-
 def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
-                 rounds: int = 15, log: Callable[[str], None] | None = None,
-                 alt: ParallelTerm | None = None) -> tuple[ModelRow, list[KernelRow]]:
+                 rounds: int = 15, log: Callable[[str], None] | None = None
+                 ) -> tuple[ModelRow, list[KernelRow]]:
     """Per-kernel and end-to-end comparison for one model (ONNX model or path)."""
     from ..api import compile as ft_compile
-    from .micro import is_parallel
+    from .micro import parallel_loops
 
     say = log or (lambda _m: None)
     target = str(runner.target.kind.name)
@@ -229,14 +232,12 @@ def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
         pred = k.group.predicted_time_s
         roof = max(k.detail.get("compute_s", 0.0), k.detail.get("memory_s", 0.0))
         internal = k.detail.get("internal_s", 0.0)
-        par = is_parallel(k.func)
-        alt_pred = None
-        if alt is not None:
-            fallback = ours.plan.cost_model_obj.efficiency(k.group.rule)
-            alt_pred = alt.predict(launch, k.group.rule, roof, internal, par, fallback)
+        regions = parallel_loops(k.func)
         rows.append(KernelRow(
             name, k.func_name, k.rule, len(k.group.ops), pred, t, max(t - call_s, 0) + launch,
-            max(pred - launch, 1e-12), max(t - call_s, 1e-12), par, roof, internal, alt_pred,
+            max(pred - launch, 1e-12), max(t - call_s, 1e-12), regions > 0, roof, internal,
+            regions, int(k.detail.get("parallel_regions", 0)),
+            str(k.detail.get("shape_class", "")), float(k.detail.get("efficiency", 0.0)),
         ))
     # Whole models, interleaved in short paired rounds: a neighbour's burst slows both sides
     # of a round alike, and the median of the per-round ratios discards the rounds it split.
@@ -269,19 +270,19 @@ def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
 
 
 def zoo_report(models: Sequence[str], hw, runner: Runner, call_s: float, small: bool = True,
-               rounds: int = 15, log: Callable[[str], None] | None = None,
-               alt: ParallelTerm | None = None) -> PredictionReport:
+               rounds: int = 15, log: Callable[[str], None] | None = None
+               ) -> PredictionReport:
     """The report over zoo models (``benchmarks.zoo`` must be importable)."""
     from benchmarks import zoo
 
     from ..cost_models.presets import get_hardware
 
     spec = get_hardware(hw)
-    report = PredictionReport(spec.to_json(), call_s, alt.overhead_s if alt else 0.0)
+    report = PredictionReport(spec.to_json(), call_s, spec.parallel_overhead_s)
     for name in models:
         model = zoo.get_model(name, small=small)
         feeds = zoo.example_inputs(model)
-        row, rows = model_report(name, model, feeds, spec, runner, call_s, rounds, log, alt)
+        row, rows = model_report(name, model, feeds, spec, runner, call_s, rounds, log)
         report.models.append(row)
         report.kernels.extend(rows)
     return report

@@ -102,8 +102,10 @@ class HardwareSpec:
     parallel_overhead_s : float
         Extra cost of a kernel that runs on several cores (thread-pool start and join).
     efficiency : Mapping[str, float]
-        Measured fraction of peak each schedule rule reaches, by rule name; filled
-        in by calibration. Missing names use ``default_efficiency``.
+        Measured fraction of peak each schedule rule reaches, by rule name (``"matmul"``)
+        or by rule and shape class (``"matmul:small"``, ``"elementwise:transcendental"``;
+        see ``roofline.shape_class``), the class figure taking precedence; filled in by
+        calibration. Missing names use ``default_efficiency``.
     """
 
     name: str
@@ -190,8 +192,10 @@ class HardwareSpec:
         """fp32 lanes per vector register."""
         return max(1, self.simd_width_bits // 32)
 
-    def rule_efficiency(self, rule: str) -> float:
-        """Fraction of peak reached by schedule rule ``rule``."""
+    def rule_efficiency(self, rule: str, shape_class: str | None = None) -> float:
+        """Fraction of peak reached by schedule rule ``rule`` (on ``shape_class`` groups)."""
+        if shape_class and f"{rule}:{shape_class}" in self.efficiency:
+            return float(self.efficiency[f"{rule}:{shape_class}"])
         return float(self.efficiency.get(rule, self.default_efficiency))
 
     def with_efficiency(self, efficiency: Mapping[str, float]) -> HardwareSpec:

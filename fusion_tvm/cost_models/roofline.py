@@ -7,17 +7,24 @@ For one candidate group (one kernel):
   stay on chip (cache-level traffic), or spill when they do not fit;
 * **compute**: FLOPs by op class at the device peak, *including recomputation*: an
   inlined producer runs once per read of its output by the consumer (its reuse factor);
-* **time** = launch overhead + max(compute, memory) / efficiency + intermediate traffic,
-  where the efficiency is the calibrated fraction of the roofline that the schedule rule
-  handling the group reaches (``backend.rule_efficiency`` or ``hw.efficiency``).
+* **time** = launch overhead + parallel regions x thread-pool overhead
+  + max(compute, memory) / efficiency + intermediate traffic, where the efficiency is the
+  calibrated fraction of the roofline that the schedule rule handling the group reaches
+  on groups of its shape class (``hw.efficiency["rule:class"]``, else ``["rule"]``, else
+  ``backend.rule_efficiency``), and a parallel region is one fork/join of the thread pool
+  (``hw.parallel_overhead_s`` each; see :func:`parallel_regions`).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 from ..graph import FusionGraph, PatternKind
 from ..legality import GroupKind, classify
+from ..tir_analysis import evaluate
 from .base import Cost, CostModel, register_cost_model
-from .hardware import OpClass
+from .hardware import DeviceKind, OpClass
 
 #: Fraction of the roofline assumed per rule when neither the hardware spec nor the
 #: backend provides a calibrated figure.
@@ -30,8 +37,94 @@ DEFAULT_RULE_EFFICIENCY = {
 }
 
 
-#: Output elements above which the CPU templates parallelise a kernel over the cores.
-PARALLEL_MIN_ELEMENTS = 4096
+#: Thresholds of the LLVM-CPU templates (``targets/llvm_cpu/_util.py``), mirrored here so
+#: the model charges the thread pool to the kernels the templates actually parallelise:
+#: spatial blocks of at least this many elements (elementwise, fallback, conv padding) ...
+PARALLEL_MIN_ELEMENTS = 1 << 14
+#: ... GEMM tiles of at least this many FLOPs ...
+PARALLEL_MIN_FLOPS = 1 << 21
+#: ... and reduction rows covering at least this many elements.
+PARALLEL_MIN_ROW_ELEMENTS = PARALLEL_MIN_ELEMENTS // 4
+#: Matmul/conv groups below this many FLOPs are the ``small`` shape class (call overhead and
+#: short loops dominate; the calibrated efficiency differs from large GEMMs by ~3x).
+SMALL_CONTRACTION_FLOPS = 1 << 21
+#: Elementwise/reduction groups whose transcendental FLOPs are at least this fraction of all
+#: their FLOPs are the ``transcendental`` shape class (libm calls, polynomial exp/erf).
+TRANSCENDENTAL_SHARE = 0.02
+
+
+def shape_class(rule: str, flops: Mapping[OpClass, float], conv_kind: str = "row") -> str:
+    """The shape class of a group for per-class efficiencies (``"rule:class"`` keys).
+
+    ``small``/``large`` for contractions (by FLOPs; ``window`` for a convolution the conv
+    template leaves to the reduction rule's plain nest, ~10x slower),
+    ``transcendental``/``plain`` for the other rules (by the share of transcendental work).
+    """
+    total = sum(flops.values())
+    if conv_kind == "window":
+        return "window"
+    if rule in ("matmul", "conv2d"):
+        return "small" if total < SMALL_CONTRACTION_FLOPS else "large"
+    trans = flops.get(OpClass.TRANSCENDENTAL, 0.0)
+    return "transcendental" if total > 0 and trans >= TRANSCENDENTAL_SHARE * total else "plain"
+
+
+def _dims_of(graph: FusionGraph, tid: int) -> list[float]:
+    return [evaluate(d, graph.dims) for d in graph.tensors[tid].shape]
+
+
+def _conv_kind(graph: FusionGraph, group, hw) -> str:
+    """Which CPU conv kernel the (NCHW) convolution of ``group`` gets: ``row`` vectors
+    (width a multiple of 4), ``channel`` vectors (narrow rows, channels a multiple of the
+    SIMD lanes), else the plain ``window`` nest of the reduction rule (the conv template
+    declines; so it does for a single output pixel under a window larger than 1x1)."""
+    conv = next((graph.nodes[n] for n in sorted(group)
+                 if graph.nodes[n].op_class is OpClass.CONV), None)
+    if conv is None:
+        return "row"
+    shape = _dims_of(graph, conv.outputs[0])
+    weight = _dims_of(graph, conv.inputs[1]) if len(conv.inputs) > 1 else []
+    if len(shape) != 4:
+        return "row"
+    channels, height, width = int(shape[1]), int(shape[2]), int(shape[3])
+    window = int(math.prod(weight[2:])) if len(weight) == 4 else 1
+    if width % 4 == 0:
+        return "row"
+    if height * width == 1 and window > 1:
+        return "window"
+    return "channel" if channels % hw.simd_lanes_fp32 == 0 else "window"
+
+
+def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
+                     flops: Mapping[OpClass, float], published: list[int]) -> int:
+    """Thread-pool fork/joins of the kernel the CPU templates make of ``group``.
+
+    Mirrors the LLVM-CPU rules: conv2d always runs its output rows in parallel, plus one
+    parallel weight repack when the output rows are too narrow to vectorise (width not a
+    multiple of 4); matmul packs B in parallel unless A has few rows, and runs its tiles in
+    parallel from ``PARALLEL_MIN_FLOPS``; a reduction runs its rows in parallel from
+    ``PARALLEL_MIN_ROW_ELEMENTS``; elementwise and fallback kernels run each output block in
+    parallel from ``PARALLEL_MIN_ELEMENTS``. Zero on one core and off the CPU.
+    """
+    if hw.num_cores <= 1 or hw.kind is not DeviceKind.CPU:
+        return 0
+    outs = [_dims_of(graph, t) for t in published]
+    elems = [float(math.prod(d)) if d else 1.0 for d in outs]
+    big = max(elems, default=0.0)
+    main = [_dims_of(graph, graph.nodes[n].outputs[0]) for n in sorted(group)
+            if graph.nodes[n].is_contraction]
+    if rule == "conv2d":
+        return 2 if _conv_kind(graph, group, hw) == "channel" else 1
+    if rule == "matmul":
+        rows = max((d[-2] for d in main if len(d) >= 2), default=1.0)
+        mr = 1
+        while mr * 2 <= max(1, hw.num_vector_registers // 4):
+            mr *= 2
+        contraction = flops.get(OpClass.MATMUL, 0.0)
+        return (1 if rows >= 2 * mr else 0) + (1 if contraction >= PARALLEL_MIN_FLOPS else 0)
+    if rule == "reduction":
+        return 1 if big >= PARALLEL_MIN_ROW_ELEMENTS else 0
+    return sum(1 for e in elems if e >= PARALLEL_MIN_ELEMENTS)
 
 
 def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> str:
@@ -53,10 +146,22 @@ def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> s
 
 @register_cost_model("roofline")
 class RooflineCostModel(CostModel):
-    """Analytical roofline model over a :class:`HardwareSpec`."""
+    """Analytical roofline model over a :class:`HardwareSpec`.
 
-    def __init__(self, hw, backend=None):
+    Parameters
+    ----------
+    hw : HardwareSpec
+        Peaks, bandwidths, overheads and (calibrated) efficiencies.
+    backend : Backend, optional
+        Names the rule of a group; supplies default efficiencies.
+    efficiency : Mapping[str, float], optional
+        Efficiencies by ``"rule"`` or ``"rule:class"`` that take precedence over the spec's
+        (experiments and tests inject tables here instead of editing a spec).
+    """
+
+    def __init__(self, hw, backend=None, efficiency: Mapping[str, float] | None = None):
         super().__init__(hw, backend)
+        self.efficiency_table = dict(efficiency or {})
         self._cache: dict[tuple, tuple[FusionGraph, Cost]] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -68,10 +173,17 @@ class RooflineCostModel(CostModel):
                 return lvl.bandwidth_bytes_per_s
         return self.hw.dram.bandwidth_bytes_per_s
 
-    def efficiency(self, rule: str) -> float:
-        """Fraction of peak reached by ``rule`` on this hardware."""
-        if rule in self.hw.efficiency:
-            return self.hw.efficiency[rule]
+    def efficiency(self, rule: str, cls: str | None = None) -> float:
+        """Fraction of peak reached by ``rule`` on groups of shape class ``cls``.
+
+        Most specific first: the injected table, then the spec (``"rule:class"`` before
+        ``"rule"``), then the backend's table, then the built-in defaults.
+        """
+        keys = ([f"{rule}:{cls}"] if cls else []) + [rule]
+        for table in (self.efficiency_table, self.hw.efficiency):
+            for key in keys:
+                if key in table:
+                    return table[key]
         if self.backend is not None:
             table = getattr(self.backend, "rule_efficiency", None)
             if table and rule in table:
@@ -138,7 +250,13 @@ class RooflineCostModel(CostModel):
             for cls, f in graph.nodes[n].flops(dims).items():
                 flops[cls] = flops.get(cls, 0.0) + f * mult[n]
         rule = rule_for_group(graph, group, self.backend)
-        eff = self.efficiency(rule)
+        conv = "row"
+        if rule == "conv2d" and hw.kind is DeviceKind.CPU:
+            conv = _conv_kind(graph, group, hw)
+            if conv == "window":  # the conv template declines; the reduction rule takes it
+                rule = "reduction"
+        cls = shape_class(rule, flops, conv)
+        eff = self.efficiency(rule, cls)
         compute_s = sum(f / hw.peak_flops[cls] for cls, f in flops.items())
 
         # External inputs move once, but only the part a member reads (gathers, slices).
@@ -160,10 +278,12 @@ class RooflineCostModel(CostModel):
             hw.dram.bandwidth_bytes_per_s
         internal_s = 2.0 * internal_bytes / inner_bw
         # The rule's efficiency is the fraction of the roofline it reaches (calibrated);
-        # kernels big enough to be split over the cores also pay the thread pool.
-        work = sum(graph.nbytes(t) for t in published) / 4.0
-        parallel = hw.num_cores > 1 and work >= PARALLEL_MIN_ELEMENTS
-        launch_s = hw.launch_overhead_s + (hw.parallel_overhead_s if parallel else 0.0)
+        # every parallel loop of the kernel also forks and joins the thread pool.
+        hook = getattr(self.backend, "parallel_regions", None)
+        regions = hook(graph, group, rule, hw) if callable(hook) else None
+        if regions is None:
+            regions = parallel_regions(graph, group, rule, hw, flops, published)
+        launch_s = hw.launch_overhead_s + regions * hw.parallel_overhead_s
         time_s = launch_s + max(compute_s, memory_s) / eff + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
         dram_bw = hw.dram.bandwidth_bytes_per_s
@@ -183,6 +303,10 @@ class RooflineCostModel(CostModel):
                 "memory_s": memory_s,
                 "internal_s": internal_s,
                 "launch_s": launch_s,
+                "parallel_regions": regions,
+                "shape_class": cls,
+                "efficiency": eff,
+                "flops_by_class": {c.value: f for c, f in flops.items()},
                 "in_bytes": in_bytes,
                 "out_bytes": out_bytes,
                 "recompute": {graph.nodes[n].name: m for n, m in mult.items() if m > 1.0},
