@@ -34,6 +34,11 @@ CASES = {
     "matmul_bias_gelu_512": ("matmul_epi", dict(m=512, n=512, k=512)),
     "conv_resnet_64x56x56_3x3": ("conv", dict(n=1, c=64, h=56, w=56, o=64, r=3)),
     "conv_resnet_256x14x14_3x3": ("conv", dict(n=1, c=256, h=14, w=14, o=256, r=3)),
+    "conv_resnet_512x7x7_3x3": ("conv", dict(n=1, c=512, h=7, w=7, o=512, r=3)),
+    # the same convs in the blocked NCHW[b]c layout (b = SIMD lanes), weights pre-packed
+    "conv_nchwc_64x56x56_3x3": ("conv_nchwc", dict(n=1, c=64, h=56, w=56, o=64, r=3)),
+    "conv_nchwc_256x14x14_3x3": ("conv_nchwc", dict(n=1, c=256, h=14, w=14, o=256, r=3)),
+    "conv_nchwc_512x7x7_3x3": ("conv_nchwc", dict(n=1, c=512, h=7, w=7, o=512, r=3)),
     "softmax_256x1024": ("softmax", dict(m=256, n=1024)),
     "bias_relu_1024x1024": ("bias_relu", dict(m=1024, n=1024)),
     "matmul_512_fallback_only": ("matmul", dict(m=512, n=512, k=512, rules="fallback")),
@@ -80,6 +85,26 @@ def _conv_module(n, c, h, w, o, r):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, wt, padding=r // 2))
             y = bb.emit(relax.op.nn.relu(relax.op.add(y, b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _conv_nchwc_module(n, c, h, w, o, r, b):
+    from tvm import relax
+    from tvm.script import relax as R
+
+    from fusion_tvm.passes.cpu_layout import conv2d_nchwc_te
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((n, c // b, h, w, b), "float32"))
+    wt = relax.Var("w", R.Tensor((o // b, c // b, r, r, b, b), "float32"))
+    bias = relax.Var("b", R.Tensor((1, o // b, 1, 1, b), "float32"))
+    pad = [r // 2] * 4
+    with bb.function("main", [x, wt, bias]):
+        with bb.dataflow():
+            y = bb.emit(bb.call_te(conv2d_nchwc_te, x, wt, [1, 1], pad, [1, 1], "float32"))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, bias)))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
@@ -163,7 +188,26 @@ def _case(kind, p, rng):
         cols = cols.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * r * r, h * w_)
         return np.maximum(w2 @ cols[0] + b.reshape(o, 1), 0).reshape(n, o, h, w_)
 
-    return _conv_module(n, c, h, w_, o, r), [x, wt, b], ref, 2 * n * o * h * w_ * c * r * r
+    flops = 2 * n * o * h * w_ * c * r * r
+    if kind == "conv_nchwc":
+        from fusion_tvm.cost_models.presets import get_hardware
+        from fusion_tvm.targets.llvm_cpu._util import lanes
+
+        blk = lanes(get_hardware("host"), 32)
+        while c % blk or o % blk:
+            blk //= 2
+        xb = np.ascontiguousarray(x.reshape(n, c // blk, blk, h, w_).transpose(0, 1, 3, 4, 2))
+        wb = np.ascontiguousarray(
+            wt.reshape(o // blk, blk, c // blk, blk, r, r).transpose(0, 2, 4, 5, 3, 1))
+        bb_ = np.ascontiguousarray(b.reshape(1, o // blk, blk, 1, 1).transpose(0, 1, 3, 4, 2))
+
+        def ref_blocked():  # the NCHW reference, blocked like the kernel's output
+            y = ref()
+            return y.reshape(n, o // blk, blk, h, w_).transpose(0, 1, 3, 4, 2)
+
+        return (_conv_nchwc_module(n, c, h, w_, o, r, blk), [xb, wb, bb_], ref_blocked,
+                flops)
+    return _conv_module(n, c, h, w_, o, r), [x, wt, b], ref, flops
 
 
 def _work(kind: str, p: dict, inputs: list[np.ndarray]) -> tuple[dict, int]:
@@ -181,7 +225,7 @@ def _work(kind: str, p: dict, inputs: list[np.ndarray]) -> tuple[dict, int]:
             flops[OpClass.ELEMENTWISE] = 6.0 * p["m"] * p["n"]
             flops[OpClass.TRANSCENDENTAL] = 1.0 * p["m"] * p["n"]
         return flops, nbytes + 4 * out_elems["matmul"]
-    if kind == "conv":
+    if kind in ("conv", "conv_nchwc"):
         flops = {OpClass.CONV: 2.0 * out_elems["conv"] * p["c"] * p["r"] ** 2,
                  OpClass.ELEMENTWISE: 2.0 * out_elems["conv"]}
         return flops, nbytes + 4 * out_elems["conv"]

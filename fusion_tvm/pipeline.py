@@ -58,10 +58,11 @@ def prepare_passes(
 ) -> list[tvm.transform.Pass]:
     """Inference simplifications, the graph-level fusion kinds (BatchNorm folded into conv
     weights, sibling matmuls combined), legalization and annotation."""
-    layout = list(backend.layout_passes()) if backend is not None else []
+    hw = hw or get_hardware("host")
+    layout = list(backend.layout_passes(hw)) if backend is not None else []
     kinds = kinds or FusionKinds()
     fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
-    siblings = [combine_siblings(hw or get_hardware("host"))] if kinds.siblings else []
+    siblings = [combine_siblings(hw)] if kinds.siblings else []
     use_fast = backend.fast_math if backend is not None else True
     fast_math = [relax.transform.FastMathTransform()] if use_fast else []
     return [

@@ -58,7 +58,7 @@ class Backend(abc.ABC):
 
         return TemplateLimits()
 
-    def layout_passes(self) -> list:
+    def layout_passes(self, hw: HardwareSpec | None = None) -> list:
         """Relax passes run before legalization (e.g. a blocked layout); none by default."""
         return []
 

@@ -5,15 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...cost_models.hardware import DeviceKind, HardwareSpec
+from ...errors import UnknownNameError
 from ...legality import TemplateLimits
+from ...passes.cpu_layout import ConvertToNCHWc
 from ..base import Backend, ScheduleRule, register_backend
+from ._util import lanes
 from .attention import Attention
 from .conv2d import Conv2d
+from .conv2d_nchwc import Conv2dNCHWc
 from .efficiency import EFFICIENCY
 from .elementwise import Elementwise
 from .fallback import Fallback
 from .matmul import Matmul
 from .reduction import Reduction
+
+#: Activation layouts for convolutions: blocked NCHW[b]c, or the model's own.
+LAYOUTS = ("nchwc", "native")
 
 
 @register_backend("llvm")
@@ -21,6 +28,20 @@ class LLVMCPUBackend(Backend):
     """CPU backend: schedule templates sized from the :class:`HardwareSpec`."""
 
     default_hardware = "host"
+
+    def __init__(self, layout: str = "nchwc"):
+        """``layout="nchwc"`` converts convolutions to a blocked layout
+        (:class:`~fusion_tvm.passes.cpu_layout.ConvertToNCHWc`); ``"native"`` keeps the
+        model's NCHW. Pass ``target=LLVMCPUBackend(layout="native")`` to ``compile``."""
+        if layout not in LAYOUTS:
+            raise UnknownNameError(f"unknown layout '{layout}'; known: {', '.join(LAYOUTS)}")
+        self.layout = layout
+
+    def layout_passes(self, hw: HardwareSpec | None = None) -> list:
+        """The NCHWc conversion, blocked to the SIMD width of ``hw`` (fp32 lanes)."""
+        if self.layout != "nchwc" or hw is None:
+            return []
+        return [ConvertToNCHWc(lanes(hw, 32))]
 
     @property
     def device_kind(self) -> DeviceKind:
@@ -38,4 +59,5 @@ class LLVMCPUBackend(Backend):
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""
-        return (Attention(), Matmul(), Conv2d(), Reduction(), Elementwise(), Fallback())
+        return (Attention(), Conv2dNCHWc(), Matmul(), Conv2d(), Reduction(), Elementwise(),
+                Fallback())

@@ -1,0 +1,403 @@
+"""ConvertToNCHWc: a blocked ``NCHW[b]c`` layout for the convolutions of a whole network.
+
+A direct NCHW convolution vectorises along an output row, which is short deep in a CNN
+(7 or 14 columns), and broadcasts weights one by one. In ``NCHW[b]c`` the innermost ``b``
+channels are contiguous: the kernel keeps ``b``-lane accumulators of output channels for a
+few output columns, loads one weight vector per reduction step and broadcasts one input
+element, whatever the image size.
+
+The pass runs before legalization:
+
+1. pick the block ``b`` from the SIMD width and the channel counts (:func:`choose_block`);
+2. ``relax.transform.ConvertLayout`` turns dense convs whose channels divide by ``b`` into
+   ``NCHW[b]c`` / ``OIHW[b]i[b]o`` and propagates the layout through elementwise ops,
+   pooling and concat, with ``layout_transform`` at the boundaries and on the weights
+   (``FoldConstant`` packs constant weights at compile time);
+3. our rewriter lowers the blocked convs to TE (:func:`conv2d_nchwc_te`, which
+   ``LegalizeOps`` cannot do for blocked layouts), moves depthwise convs and unary /
+   same-shape binary elementwise ops that ConvertLayout leaves in NCHW between blocked
+   tensors into the blocked layout, and drops ``unblock -> block`` transform pairs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, te, tirx, topi
+
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+_LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
+#: Elementwise ops moved into the blocked layout when their inputs are blocked (one
+#: output element per input element at the same index, so the layout does not matter).
+_UNARY = frozenset(
+    tvm.ir.Op.get(f"relax.{name}")
+    for name in ("nn.relu", "clip", "sigmoid", "nn.silu", "tanh", "nn.gelu", "nn.leakyrelu",
+                 "negative", "abs", "exp", "sqrt")
+)
+_BINARY = frozenset(
+    tvm.ir.Op.get(f"relax.{name}")
+    for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum")
+)
+#: Scalar-operand TIR bodies raised back to Relax ops (the ONNX importer emits Clip as
+#: ``call_tir`` max/min with a 0-d bound, which ConvertLayout cannot see through).
+_RAISE = {tirx.Max: relax.op.maximum, tirx.Min: relax.op.minimum, tirx.Add: relax.op.add,
+          tirx.Sub: relax.op.subtract, tirx.Mul: relax.op.multiply}
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_BLOCKED = re.compile(r"^NCHW(\d+)c$")
+_BLOCKED_KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
+
+
+def _static_shape(expr: relax.Expr) -> list[int | tirx.PrimExpr] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return [int(d) if isinstance(d, tirx.IntImm) else d for d in ty.shape.values]
+
+
+def _conv_dims(call: relax.Call) -> tuple[int, int, int, float] | None:
+    """(in channels, out channels, groups, MACs per batch item) of a plain NCHW conv."""
+    a = call.attrs
+    if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
+        return None
+    x, w, y = _static_shape(call.args[0]), _static_shape(call.args[1]), _static_shape(call)
+    if x is None or w is None or y is None or not all(
+        isinstance(d, int) for d in (x[1], *w, *y[1:])
+    ):
+        return None
+    macs = float(y[1] * y[2] * y[3] * w[1] * w[2] * w[3])
+    return x[1], w[0], int(a.groups), macs
+
+
+def choose_block(mod: tvm.IRModule, lanes: int) -> int | None:
+    """The channel block for ``mod``: the one whose convs cover the most work.
+
+    A conv is covered by block ``b`` when its input and output channels divide by ``b``
+    (depthwise: its channels). Work covered by a block narrower than the SIMD width runs at
+    ``b / lanes`` of the vector throughput, so a wider block wins unless it leaves much more
+    work out. None when no conv would be covered by a block of at least 4.
+    """
+    convs = []
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(
+                func,
+                lambda e: convs.append(_conv_dims(e))
+                if isinstance(e, relax.Call) and e.op.same_as(_CONV2D) else None,
+            )
+    convs = [c for c in convs if c is not None]
+    best, best_score = None, 0.0
+    b = lanes
+    while b >= 4:
+        covered = sum(
+            macs for cin, cout, groups, macs in convs
+            if (groups == 1 and cin % b == 0 and cout % b == 0)
+            or (groups == cin == cout and cin % b == 0)
+        )
+        score = covered * b / lanes
+        if score > best_score:
+            best, best_score = b, score
+        b //= 2
+    return best
+
+
+def _pad(data: te.Tensor, padding, pad_axes: tuple[int, int]) -> te.Tensor:
+    top, left, bottom, right = (int(p) for p in padding)
+    if not any((top, left, bottom, right)):
+        return data
+    before = [0] * len(data.shape)
+    after = [0] * len(data.shape)
+    before[pad_axes[0]], before[pad_axes[1]] = top, left
+    after[pad_axes[0]], after[pad_axes[1]] = bottom, right
+    return topi.nn.pad(data, before, after, name="pad")
+
+
+def _out_size(size, kernel: int, stride: int, dilation: int, pad: int):
+    return (size + pad - (kernel - 1) * dilation - 1) // stride + 1
+
+
+def conv2d_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
+                    out_dtype: str) -> te.Tensor:
+    """Dense conv: ``data[N, C/bi, H, W, bi]``, ``kernel[O/bo, C/bi, KH, KW, bi, bo]``.
+
+    The reduction runs over (input-channel block, kernel row, kernel column, lane), the
+    output is ``[N, O/bo, OH, OW, bo]``.
+    """
+    n, _, h, w, _ = data.shape
+    ob, cb, kh, kw, bi, bo = (int(d) for d in kernel.shape)
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    oh = _out_size(h, kh, sh, dh, int(padding[0]) + int(padding[2]))
+    ow = _out_size(w, kw, sw, dw, int(padding[1]) + int(padding[3]))
+    pad = _pad(data, padding, (2, 3))
+    ic = te.reduce_axis((0, cb), name="ic")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    ici = te.reduce_axis((0, bi), name="ici")
+    return te.compute(
+        (n, ob, oh, ow, bo),
+        lambda b, o, y, x, oi: te.sum(
+            pad[b, ic, y * sh + ry * dh, x * sw + rx * dw, ici].astype(out_dtype)
+            * kernel[o, ic, ry, rx, ici, oi].astype(out_dtype),
+            axis=[ic, ry, rx, ici],
+        ),
+        name="conv2d_nchwc",
+    )
+
+
+def depthwise_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
+                       out_dtype: str) -> te.Tensor:
+    """Depthwise conv: ``data[N, C/b, H, W, b]``, ``kernel[C/b, 1, KH, KW, b]``."""
+    n, cb, h, w, b = data.shape
+    _, _, kh, kw, _ = (int(d) for d in kernel.shape)
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    oh = _out_size(h, kh, sh, dh, int(padding[0]) + int(padding[2]))
+    ow = _out_size(w, kw, sw, dw, int(padding[1]) + int(padding[3]))
+    pad = _pad(data, padding, (2, 3))
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    return te.compute(
+        (n, cb, oh, ow, b),
+        lambda i, c, y, x, ci: te.sum(
+            pad[i, c, y * sh + ry * dh, x * sw + rx * dw, ci].astype(out_dtype)
+            * kernel[c, 0, ry, rx, ci].astype(out_dtype),
+            axis=[ry, rx],
+        ),
+        name="depthwise_nchwc",
+    )
+
+
+def _block_map(b: int) -> tirx.IndexMap:
+    return tirx.IndexMap.from_func(lambda n, c, h, w: (n, c // b, h, w, c % b))
+
+
+def _unblock_map(b: int) -> tirx.IndexMap:
+    return tirx.IndexMap.from_func(lambda n, c, h, w, ci: (n, c * b + ci, h, w))
+
+
+def _is_map(call: relax.Call, index_map: tirx.IndexMap) -> bool:
+    """Whether the transform's map equals ``index_map`` (checked on a probe index: the
+    maps ConvertLayout writes differ from ours in integer widths)."""
+    ours, theirs = index_map, call.attrs.index_map
+    if len(ours.initial_indices) != len(theirs.initial_indices):
+        return False
+    probe = [tirx.IntImm("int64", v) for v in (1, 2, 3, 4, 3)[: len(ours.initial_indices)]]
+    analyzer = tvm.sym.Analyzer()
+    got = [analyzer.simplify(e) for e in theirs.map_indices(probe)]
+    want = [analyzer.simplify(e) for e in ours.map_indices(probe)]
+    return len(got) == len(want) and all(
+        isinstance(g, tirx.IntImm) and isinstance(w, tirx.IntImm) and g.value == w.value
+        for g, w in zip(got, want, strict=True)
+    )
+
+
+@relax.expr_functor.mutator
+class _BlockedRewriter(relax.PyExprMutator):
+    """Lower blocked convs to TE and keep chains of blocked values blocked."""
+
+    def __init__(self, mod: tvm.IRModule, block: int):
+        super().__init__(mod)
+        self.b = block
+        self.block_map, self.unblock_map = _block_map(block), _unblock_map(block)
+        self.blocked: dict[relax.Var, relax.Var] = {}  # NCHW var -> its blocked twin
+
+    def _emit(self, binding: relax.VarBinding, value: relax.Expr) -> relax.Var:
+        if isinstance(binding.var, relax.DataflowVar):
+            new = self.builder_.emit(value, name_hint=binding.var.name)
+        else:
+            new = self.builder_.emit_output(value, name_hint=binding.var.name)
+        self.set_var_remap(binding.var, new)
+        return new
+
+    def _emit_blocked(self, binding: relax.VarBinding, blocked: relax.Expr) -> None:
+        """Bind ``blocked`` and the original var to its unblocked view (DCE drops it if dead)."""
+        vb = self.builder_.emit(blocked, name_hint=binding.var.name + "_nchwc")
+        self._emit(binding, relax.op.layout_transform(vb, self.unblock_map))
+        self.blocked[binding.var] = vb
+
+    def _twin(self, expr: relax.Expr) -> relax.Var | None:
+        return self.blocked.get(expr) if isinstance(expr, relax.Var) else None
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:  # noqa: D102
+        value = binding.value
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return super().visit_var_binding_(binding)
+        args = [self.visit_expr(a) for a in value.args]
+        if value.op.same_as(_LAYOUT_TRANSFORM) and value.attrs.pad_value is None:
+            twin = self._twin(value.args[0])
+            if twin is not None and _is_map(value, self.block_map):
+                self._emit(binding, twin)  # block(unblock(x)) == x
+                return None
+            if _is_map(value, self.unblock_map) and len(_static_shape(value.args[0]) or ()) == 5:
+                self._emit(binding, relax.op.layout_transform(args[0], self.unblock_map))
+                self.blocked[binding.var] = args[0]
+                return None
+        if value.op.same_as(_CONV2D):
+            lowered = self._conv(value, args)
+            if lowered is not None:
+                kind, expr = lowered
+                if kind == "blocked":
+                    self._emit_blocked(binding, expr)
+                else:
+                    self._emit(binding, expr)
+                return None
+        if value.op in _UNARY and len(args) >= 1:
+            twin = self._twin(value.args[0])
+            if twin is not None:
+                self._emit_blocked(binding, relax.Call(value.op, [twin, *args[1:]], value.attrs))
+                return None
+        if value.op in _BINARY and len(args) == 2:
+            operands = self._blocked_operands(value, args)
+            if operands is not None:
+                self._emit_blocked(binding, relax.Call(value.op, operands, value.attrs))
+                return None
+        return super().visit_var_binding_(binding)
+
+    def _blocked_operands(self, call: relax.Call, args) -> list[relax.Expr] | None:
+        """Operands of a binary op in the blocked layout: blocked twins of same-shaped
+        tensors, scalars as they are, per-channel ``[1, C, 1, 1]`` operands blocked."""
+        out = _static_shape(call)
+        if out is None or len(out) != 4 or all(self._twin(a) is None for a in call.args):
+            return None
+        operands = []
+        for orig, arg in zip(call.args, args, strict=True):
+            shape = _static_shape(orig)
+            twin = self._twin(orig)
+            if twin is not None and tvm_ffi.structural_equal(orig.ty.shape, call.ty.shape):
+                operands.append(twin)
+            elif shape == []:
+                operands.append(arg)
+            elif shape == [1, out[1], 1, 1] and isinstance(out[1], int) and out[1] % self.b == 0:
+                operands.append(self.builder_.emit(
+                    relax.op.layout_transform(arg, self.block_map), name_hint="chan_nchwc"))
+            else:
+                return None
+        return operands
+
+    def _conv(self, call: relax.Call, args) -> tuple[str, relax.Expr] | None:
+        a = call.attrs
+        out_dtype = str(call.ty.dtype)
+        data_block = _BLOCKED.match(a.data_layout)
+        kernel_block = _BLOCKED_KERNEL.match(a.kernel_layout)
+        if data_block and kernel_block and a.out_layout == f"NCHW{kernel_block.group(2)}c" \
+                and int(a.groups) == 1:
+            expr = self.builder_.call_te(
+                conv2d_nchwc_te, args[0], args[1], a.strides, a.padding, a.dilation,
+                out_dtype, primfunc_name_hint="conv2d_nchwc",
+            )
+            return "plain", expr
+        dims = _conv_dims(call)
+        twin = self._twin(call.args[0])
+        if dims is None or twin is None:
+            return None
+        cin, cout, groups, _ = dims
+        if not (groups == cin == cout and cin % self.b == 0):
+            return None
+        b = self.b
+        weight = relax.op.layout_transform(
+            args[1], tirx.IndexMap.from_func(lambda o, i, h, w: (o // b, i, h, w, o % b))
+        )
+        weight = self.builder_.emit(weight, name_hint="w_nchwc")
+        expr = self.builder_.call_te(
+            depthwise_nchwc_te, twin, weight, a.strides, a.padding, a.dilation, out_dtype,
+            primfunc_name_hint="depthwise_conv2d_nchwc",
+        )
+        return "blocked", expr
+
+
+def _is_load(expr) -> bool:
+    # tirx.BufferLoad is a factory function in TVM 0.27; the node class is TensorLoad
+    return type(expr).__name__ in ("TensorLoad", "BufferLoad")
+
+
+def _scalar_binary(func: tirx.PrimFunc) -> tuple[type, bool] | None:
+    """``(op, swapped)`` when ``func`` computes ``out[i] = op(x[i], s[()])`` (or swapped)."""
+    if len(func.params) != 3:
+        return None
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:  # noqa: BLE001 - not a schedulable function: leave it alone
+        return None
+    if len(blocks) != 1:
+        return None
+    stmt = sch.get(blocks[0])
+    body = stmt.body
+    if not isinstance(body, tirx.BufferStore) or type(body.value) not in _RAISE:
+        return None
+    iters = [iv.var for iv in stmt.iter_vars]
+    if any(iv.iter_type != tirx.IterVar.DataPar for iv in stmt.iter_vars) or not all(
+        i.same_as(v) for i, v in zip(body.indices, iters, strict=False)
+    ) or len(body.indices) != len(iters):
+        return None
+    a, b = body.value.a, body.value.b
+    for x, y, swapped in ((a, b, False), (b, a, True)):
+        if _is_load(x) and _is_load(y) \
+                and len(y.indices) == 0 and len(x.indices) == len(iters) \
+                and all(i.same_as(v) for i, v in zip(x.indices, iters, strict=True)):
+            return type(body.value), swapped
+    return None
+
+
+@relax.expr_functor.mutator
+class _RaiseScalarOps(relax.PyExprMutator):
+    """``call_tir`` of an elementwise op with a 0-d operand -> the Relax op."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
+        call = super().visit_call_(call)
+        if not call.op.same_as(_CALL_TIR) or not isinstance(call.args[1], relax.Tuple):
+            return call
+        func = self.builder_.get()[call.args[0]]
+        found = _scalar_binary(func) if isinstance(func, tirx.PrimFunc) else None
+        args = list(call.args[1].fields)
+        if found is None or len(args) != 2:
+            return call
+        op, swapped = found
+        x, scalar = args
+        if _static_shape(x) is None or _static_shape(scalar) != []:
+            return call
+        if not tvm_ffi.structural_equal(x.ty, call.ty):
+            return call
+        return _RAISE[op](scalar, x) if swapped else _RAISE[op](x, scalar)
+
+
+@tvm.transform.module_pass(opt_level=0, name="ConvertToNCHWc")
+class ConvertToNCHWc:
+    """Blocked ``NCHW[b]c`` convolutions for the whole network, weights pre-packed.
+
+    Parameters
+    ----------
+    lanes : int
+        SIMD lanes for the convs' element type (16 for fp32 on AVX-512): the widest block.
+    enabled : bool
+        False makes the pass the identity (the NCHW build).
+    """
+
+    def __init__(self, lanes: int, enabled: bool = True):
+        self.lanes = lanes
+        self.enabled = enabled
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Convert, lower the blocked convs, and clean up transform pairs."""
+        if not self.enabled:
+            return mod
+        block = choose_block(mod, self.lanes)
+        if block is None:
+            return mod
+        layouts = {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
+        # Folded first: ConvertLayout (TVM 0.27) segfaults on ResNet's unfolded BN
+        # arithmetic (constant vectors with scalar operands); folded, weights are constants.
+        mod = relax.transform.FoldConstant()(mod)
+        mod = _run(_RaiseScalarOps(mod), mod)
+        mod = relax.transform.ConvertLayout(layouts)(mod)
+        mod = _run(_BlockedRewriter(mod, block), mod)
+        return relax.transform.DeadCodeElimination()(mod)
+
+
+def _run(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()

@@ -1,0 +1,158 @@
+"""Conv2dNCHWc rule: blocked ``NCHW[b]c`` convolutions (dense and depthwise), fused epilogue.
+
+The output-channel block ``b`` is the vector: each parallel task (batch item, ``fo`` output
+channel blocks, one output row) walks the row in tiles of ``xr`` columns and keeps
+``fo * xr`` accumulators of ``b`` lanes in registers across the whole reduction. A dense
+step (input channel, kernel row, kernel column) loads ``fo`` weight vectors and broadcasts
+``xr`` input elements for ``fo * xr`` FMAs; a depthwise step loads ``xr`` input vectors and
+one weight vector for ``xr`` FMAs. The row length no longer limits the vector (7- and
+14-wide rows vectorise as well as 56-wide ones). Epilogue ops (bias, BN arithmetic, ReLU,
+residual add) run on the finished tile; the zero-padded input is materialised once per
+call, in parallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import ScheduleError
+
+from ...cost_models.hardware import HardwareSpec
+from ..base import ScheduleRule
+from ._util import (
+    inline_spatial,
+    is_reduction,
+    is_spatial,
+    lanes,
+    parallel_vectorize,
+    root_blocks,
+    static_extent,
+)
+from .conv2d import _epilogue_at
+
+
+@dataclass(frozen=True)
+class BlockedTiles:
+    """``fo`` output-channel blocks x ``xr`` output columns of accumulators."""
+
+    fo: int
+    xr: int
+
+
+def _divisors(extent: int | None, cap: int) -> list[int]:
+    if extent is None:
+        return [1]
+    return [d for d in range(1, min(cap, extent) + 1) if extent % d == 0]
+
+
+def derive_blocked_tiles(hw: HardwareSpec, dtype_bits: int, block: int, chan_blocks: int | None,
+                         width: int | None, depthwise: bool) -> BlockedTiles:
+    """Register tile for ``hw``: accumulators plus the operands of one step fit the registers.
+
+    Each accumulator takes ``ceil(block / lanes)`` registers. Dense: ``fo`` weight vectors
+    and one broadcast input besides the accumulators; the tile maximises FMAs per load,
+    ``fo * xr / (fo + xr)``. Depthwise: ``xr`` input vectors and one weight vector. Both
+    factors divide their extents, so there is no tail.
+    """
+    regs = hw.num_vector_registers
+    per_acc = max(1, -(-block // lanes(hw, dtype_bits)))
+    if depthwise:
+        # Half the file for accumulators: LLVM keeps the input vectors of the row in the rest.
+        xr = max(_divisors(width, max(1, regs // (2 * per_acc))))
+        return BlockedTiles(fo=1, xr=xr)
+    cands = [
+        (fo, xr)
+        for fo in _divisors(chan_blocks, 8)
+        for xr in _divisors(width, regs)
+        if fo * xr * per_acc + fo * per_acc + 1 <= regs
+    ]
+    fo, xr = max(cands, key=lambda t: (t[0] * t[1] / (t[0] + t[1]), t[1]))
+    return BlockedTiles(fo=fo, xr=xr)
+
+
+def _var_of(expr) -> tirx.Var | None:
+    return expr if isinstance(expr, tirx.Var) else None
+
+
+def _depends(expr, variables) -> bool:
+    return bool({v for v in tirx.analysis.undefined_vars(expr)} & set(variables))
+
+
+class Conv2dNCHWc(ScheduleRule):
+    """Register-tiled blocked convolution, output-channel lanes vectorised."""
+
+    name = "conv2d_nchwc"
+
+    def apply(
+        self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
+    ) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        reductions = [b for b in root_blocks(sch) if not is_spatial(sch, b)]
+        if len(reductions) != 1 or not is_reduction(sch, reductions[0]):
+            return None
+        main = reductions[0]
+        stmt = sch.get(main)
+        if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(stmt.writes[0].region) != 5:
+            return None
+        out_vars = [_var_of(r.min) for r in stmt.writes[0].region]
+        spatial = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+        reduce_vars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+        if any(v is None or v not in spatial for v in out_vars) or len(spatial) != 5:
+            return None
+        n_var, f_var, y_var, x_var, lane_var = out_vars
+        # data[n, c, y * s + ry, x * s + rx, ci]: windowed rows and columns.
+        data = [
+            r for r in stmt.reads
+            if len(r.region) == 5
+            and all(_depends(d.min, reduce_vars) and _depends(d.min, out_vars[2:4])
+                    for d in r.region[2:4])
+        ]
+        if len(data) != 1:
+            return None
+        weight = [r for r in stmt.reads if not r.source.same_as(data[0].source)]
+        if len(weight) != 1 or _var_of(weight[0].region[-1].min) is None \
+                or not weight[0].region[-1].min.same_as(lane_var):
+            return None
+        data_lane = _var_of(data[0].region[-1].min)
+        depthwise = data_lane is not None and data_lane.same_as(lane_var)
+        if not depthwise and len(weight[0].region) != 6:
+            return None
+        loops = sch.get_loops(main)
+        if len(loops) != len(stmt.iter_vars):
+            return None
+        loop_of = dict(zip((iv.var for iv in stmt.iter_vars), loops, strict=True))
+        bits = int(stmt.writes[0].source.dtype.bits)
+        block = static_extent(sch, loop_of[lane_var])
+        vec = lanes(hw, bits)
+        if block is None or block < 4 or block % min(block, vec):
+            return None
+        tiles = derive_blocked_tiles(
+            hw, bits, block, static_extent(sch, loop_of[f_var]),
+            static_extent(sch, loop_of[x_var]), depthwise,
+        )
+
+        inline_spatial(sch, keep=(main,))
+        producers = [b for b in sch.get_producers(main) if is_spatial(sch, b)]
+        fo, fi = sch.split(loop_of[f_var], [None, tiles.fo])
+        xo, xi = sch.split(loop_of[x_var], [None, tiles.xr])
+        reds = [loop_of[v] for v in reduce_vars]
+        sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, fi, xi, loop_of[lane_var])
+        outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
+        if hw.num_cores > 1:
+            sch.parallel(outer)
+        acc = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
+        with contextlib.suppress(ScheduleError):
+            sch.vectorize(sch.get_loops(acc)[-1])
+        _epilogue_at(sch, acc, xo, block, hw)
+        sch.unroll(fi)
+        sch.unroll(xi)
+        sch.vectorize(loop_of[lane_var])
+        sch.decompose_reduction(main, reds[0])
+        for producer in producers:  # zero padding / prologue: one parallel pass each
+            with contextlib.suppress(ScheduleError):
+                parallel_vectorize(sch, producer, hw)
+        return sch

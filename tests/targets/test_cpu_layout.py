@@ -1,0 +1,139 @@
+"""The blocked NCHW[b]c conv layout (ConvertToNCHWc) and its schedule rule (Conv2dNCHWc)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import fusion_tvm
+from fusion_tvm.errors import UnknownNameError
+from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
+from fusion_tvm.passes.cpu_layout import ConvertToNCHWc, choose_block
+from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+
+HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes, 16 vector registers
+RNG = np.random.default_rng(0)
+
+
+def _const(*shape):
+    return relax.const(RNG.standard_normal(shape).astype("float32") * 0.2)
+
+
+def _cnn(channels: int = 16, batch="n", image: int = 13) -> tvm.IRModule:
+    """conv+bias+relu, strided conv, depthwise + clip, 1x1 projection with residual add,
+    max-pool and global average pool; weights are constants (pre-packed at compile time)."""
+    c = channels
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var(batch, "int64") if isinstance(batch, str) else batch
+    x = relax.Var("x", relax.TensorType((n, 3, image, image), "float32"))
+    nn = relax.op.nn
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(nn.conv2d(x, _const(c, 3, 3, 3), padding=1))  # 3 channels: NCHW
+            y = bb.emit(nn.relu(relax.op.add(y, _const(1, c, 1, 1))))
+            y = bb.emit(nn.conv2d(y, _const(c, c, 3, 3), padding=1))  # dense, blocked
+            y = bb.emit(nn.relu(relax.op.add(y, _const(1, c, 1, 1))))
+            s = bb.emit(nn.conv2d(y, _const(2 * c, c, 3, 3), strides=2, padding=1))
+            s = bb.emit(nn.relu(s))
+            d = bb.emit(nn.conv2d(s, _const(2 * c, 1, 3, 3), padding=1, groups=2 * c))
+            d = bb.emit(relax.op.clip(relax.op.add(d, _const(1, 2 * c, 1, 1)), 0.0, 6.0))
+            p = bb.emit(nn.conv2d(d, _const(2 * c, 2 * c, 1, 1)))
+            r = bb.emit(relax.op.add(p, s))  # residual
+            m = bb.emit(nn.max_pool2d(r, pool_size=2, strides=2))
+            g = bb.emit(relax.op.mean(m, axis=[2, 3]))
+            out = bb.emit_output(g)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _rules(compiled) -> collections.Counter:
+    return collections.Counter(
+        str(f.attrs[RULE_ATTR]) for _, f in compiled.fused_mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and RULE_ATTR in f.attrs
+    )
+
+
+def _run(compiled, x):
+    out = compiled.run([x])
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+@pytest.fixture(scope="module")
+def builds():
+    mod = _cnn()
+    return {lay: fusion_tvm.compile(mod, target=LLVMCPUBackend(layout=lay), hw=HW)
+            for lay in ("nchwc", "native")}
+
+
+def test_choose_block_prefers_full_width_and_falls_back():
+    assert choose_block(_cnn(16), 8) == 8
+    assert choose_block(_cnn(16), 16) == 16
+    assert choose_block(_cnn(12), 16) == 4  # 12 and 24 channels: only 4 divides both
+    assert choose_block(_cnn(3), 16) is None
+
+
+def test_pass_blocks_convs_and_prepacks_weights():
+    mod = ConvertToNCHWc(lanes=8)(_cnn())
+    text = mod["main"].script(show_meta=False)
+    # the 3-channel stem stays NCHW; the dense, strided, 1x1 and depthwise convs are TE calls
+    assert text.count("R.nn.conv2d(") == 1
+    funcs = [gv.name_hint for gv in mod.functions]
+    assert sum(n.startswith("conv2d_nchwc") for n in funcs) == 3
+    assert sum(n.startswith("depthwise_conv2d_nchwc") for n in funcs) == 1
+    # packed weights are constants once folded: no transform of a constant is left to run
+    folded = relax.transform.FoldConstant()(relax.transform.LegalizeOps()(mod))
+    transforms = [
+        b.value for b in folded["main"].body.blocks[0].bindings
+        if isinstance(b.value, relax.Call) and "layout_transform" in str(b.value.args[0])
+    ]
+    assert transforms  # the input still enters the blocked layout at run time
+    assert not any(isinstance(a, tvm.ir.expr.Constant)
+                   for t in transforms for a in t.args[1].fields)
+
+
+def test_disabled_pass_is_identity():
+    mod = _cnn()
+    tvm.ir.assert_structural_equal(ConvertToNCHWc(lanes=8, enabled=False)(mod), mod)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_nchwc_equals_nchw_build(builds, batch):
+    x = RNG.standard_normal((batch, 3, 13, 13)).astype("float32")
+    got, want = _run(builds["nchwc"], x), _run(builds["native"], x)
+    assert got.shape == (batch, 32)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_rule_schedules_every_blocked_conv(builds):
+    rules = _rules(builds["nchwc"])
+    # dense 3x3, strided 3x3, depthwise and 1x1 convs: all by the blocked rule, none fallback
+    assert rules["conv2d_nchwc"] == 4
+    assert rules["conv2d"] == 1  # the 3-channel stem
+    assert rules["fallback"] == 0
+    native = _rules(builds["native"])
+    assert native["conv2d_nchwc"] == 0 and native["conv2d"] >= 4
+
+
+def test_unknown_layout_is_refused():
+    with pytest.raises(UnknownNameError):
+        LLVMCPUBackend(layout="nhwc")
+
+
+def test_onnx_resnet_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    from benchmarks import zoo
+
+    model = zoo.get_model("resnet18", image=32, width=8)
+    feeds = zoo.example_inputs(model, seed=0)
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    compiled = fusion_tvm.compile(model, hw=HW)
+    got = compiled.run(feeds)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
+    rules = _rules(compiled)
+    assert rules["conv2d_nchwc"] >= 10 and rules["fallback"] == 0
