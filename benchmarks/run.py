@@ -38,7 +38,9 @@ DEFAULT_SUITE = ["mlp", "detection_head", "resnet18", "resnet18:batch=8",
 QUICK_SUITE = ["mlp", "detection_head", "resnet18:image=64,width=16",
                "bert_2l_s16:hidden=256,heads=4,ffn=1024,vocab=1000",
                "gpt2_2l:hidden=256,heads=4,seq=32,vocab=1000,max_pos=64"]
-CONTENDERS = ["ours", "fuseops", "stock_tvm", "onnxruntime", "torch_eager", "torch_compile"]
+CONTENDERS = ["ours", "ours_nchw", "fuseops", "stock_tvm", "onnxruntime", "torch_eager",
+              "torch_compile"]
+OPT_IN = {"ours_nchw"}  # ablations: only when named in --contenders
 REFERENCE = "onnxruntime"
 STOCK_LIMIT_S = 1.0  # stock TVM is not timed when one run takes longer than this
 
@@ -86,14 +88,21 @@ def _numpy_list(out) -> list[np.ndarray]:
     return [o.numpy() if hasattr(o, "numpy") else np.asarray(o) for o in out]
 
 
-def _fusion_tvm(fusion: str):
+def _fusion_tvm(fusion: str, layout: str | None = None):
     def prepare(model, feeds, ctx: Context) -> Prepared:
         import fusion_tvm
 
         if not hasattr(fusion_tvm, "compile"):
             raise Skipped("fusion_tvm.compile is not available in this checkout")
+        target = ctx.target
+        if layout is not None:  # ours_nchw: the LLVM backend without the NCHWc conv layout
+            if ctx.target != "llvm":
+                raise Skipped("layout options are for the llvm target")
+            from fusion_tvm.targets.llvm_cpu import LLVMCPUBackend
+
+            target = LLVMCPUBackend(layout=layout)
         t0 = time.perf_counter()
-        cm = fusion_tvm.compile(model, target=ctx.target, hw=ctx.hw, fusion=fusion,
+        cm = fusion_tvm.compile(model, target=target, hw=ctx.hw, fusion=fusion,
                                 shape_hints=ctx.shape_hints)
         dt = time.perf_counter() - t0
         return Prepared(lambda feeds: list(cm.run(feeds)), dt, cm.num_kernels,
@@ -204,6 +213,7 @@ def torch_compile(model, feeds, ctx: Context) -> Prepared:
 
 PREPARE: dict[str, Callable] = {
     "ours": _fusion_tvm("cost"),
+    "ours_nchw": _fusion_tvm("cost", layout="native"),
     "fuseops": _fusion_tvm("fuseops"),
     "stock_tvm": stock_tvm,
     "onnxruntime": onnxruntime,
@@ -530,7 +540,8 @@ def parse_args(argv=None):
     if args.budget_s is None:
         args.budget_s = 5.0 if args.quick else 10.0
     if args.contenders is None:
-        args.contenders = [c for c in CONTENDERS if not (args.quick and c == "torch_compile")]
+        args.contenders = [c for c in CONTENDERS
+                           if c not in OPT_IN and not (args.quick and c == "torch_compile")]
     args.warmup = max(args.warmup, 1)
     if not args.models:
         args.models = QUICK_SUITE if args.quick else DEFAULT_SUITE
