@@ -115,6 +115,13 @@ def cases(tmp: Path):
            lambda: fusion_tvm.load_model(_model(
                [helper.make_node("Relu", ["x"], ["y"], name="custom_relu", domain="com.example")],
                [("x", [2, 3])], [("y", [2, 3])], domains=["com.example"])))
+    bn_params = [helper.make_tensor(n, TensorProto.FLOAT, [3], [1.0, 0.5, 2.0])
+                 for n in ("scale", "bias", "mean", "var")]
+    yield ("model", "BatchNormalization with training_mode=1", UnsupportedOperatorError,
+           lambda: fusion_tvm.compile(_model(
+               [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                                 ["y"], name="bn_train", training_mode=1)],
+               [("x", [2, 3, 4])], [("y", [2, 3, 4])], bn_params), hw=HW))
     yield ("model", "MatMul weight 'weights_fc1' neither an input nor an initializer",
            UserInputError,
            lambda: fusion_tvm.compile(_model(

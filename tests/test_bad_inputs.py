@@ -121,6 +121,21 @@ def test_unsupported_operator_of_custom_domain():
     assert "custom_relu" in str(err.value) and "com.example" in str(err.value)
 
 
+def test_training_mode_batchnorm():
+    """Our inference passes would normalise with the running statistics: refused, not wrong
+    (conformance test_batchnorm_*_training_mode)."""
+    params = [helper.make_tensor(n, TensorProto.FLOAT, [3], [1.0, 0.5, 2.0])
+              for n in ("scale", "bias", "mean", "var")]
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"],
+                            name="bn_train", training_mode=1)
+    model = _model([node], [("x", [2, 3, 4])], [("y", [2, 3, 4])], params)
+    with pytest.raises(UnsupportedOperatorError, match="training_mode=1") as err:
+        fusion_tvm.compile(model, hw=HW)
+    assert "'bn_train'" in str(err.value)
+    model.graph.node[0].attribute[0].i = 0  # the same node in inference mode loads
+    fusion_tvm.load_model(model)
+
+
 def test_missing_initializer():
     model = _model([helper.make_node("MatMul", ["x", "weights_fc1"], ["y"], name="fc1")],
                    [("x", [2, 4])], [("y", [2, 3])])

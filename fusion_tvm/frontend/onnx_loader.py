@@ -130,6 +130,12 @@ def check_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
         if node.op_type not in table and node.op_type not in _DIRECT_OPS:
             detail = "" if node.domain in _DEFAULT_DOMAINS else f"domain '{node.domain}'"
             raise UnsupportedOperatorError(node.op_type, node.name, detail or f"in {where}")
+        if node.op_type == "BatchNormalization" and any(
+                a.name == "training_mode" and a.i for a in node.attribute):
+            # the inference passes (DecomposeOpsForInference, the conv fold) normalise with
+            # the running statistics: training mode would give silently wrong outputs
+            raise UnsupportedOperatorError(
+                node.op_type, node.name, "training_mode=1 (fusion_tvm compiles for inference)")
         for name in node.input:
             if name and name not in defined:
                 raise UserInputError(
