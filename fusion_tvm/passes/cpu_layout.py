@@ -214,8 +214,28 @@ class _BlockedRewriter(relax.PyExprMutator):
     def _emit_blocked(self, binding: relax.VarBinding, blocked: relax.Expr) -> None:
         """Bind ``blocked`` and the original var to its unblocked view (DCE drops it if dead)."""
         vb = self.builder_.emit(blocked, name_hint=binding.var.name + "_nchwc")
-        self._emit(binding, relax.op.layout_transform(vb, self.unblock_map))
+        self._emit(binding, self._unblock(vb))
         self.blocked[binding.var] = vb
+
+    # Activation transforms as TE: AnnotateTIROpPattern marks the legalized
+    # R.layout_transform opaque, which would keep it out of every fused group.
+    def _block(self, x: relax.Expr) -> relax.Expr:
+        if isinstance(x, tvm.ir.expr.Constant):  # folded at compile time
+            return relax.op.layout_transform(x, self.block_map)
+        b = self.b
+        return self.builder_.call_te(
+            lambda t: te.compute(
+                (t.shape[0], t.shape[1] // b, t.shape[2], t.shape[3], b),
+                lambda n, c, h, w, ci: t[n, c * b + ci, h, w], name="to_nchwc"),
+            x, primfunc_name_hint="to_nchwc")
+
+    def _unblock(self, x: relax.Expr) -> relax.Expr:
+        b = self.b
+        return self.builder_.call_te(
+            lambda t: te.compute(
+                (t.shape[0], t.shape[1] * b, t.shape[2], t.shape[3]),
+                lambda n, c, h, w: t[n, c // b, h, w, c % b], name="to_nchw"),
+            x, primfunc_name_hint="to_nchw")
 
     def _twin(self, expr: relax.Expr) -> relax.Var | None:
         return self.blocked.get(expr) if isinstance(expr, relax.Var) else None
@@ -231,8 +251,12 @@ class _BlockedRewriter(relax.PyExprMutator):
                 self._emit(binding, twin)  # block(unblock(x)) == x
                 return None
             if _is_map(value, self.unblock_map) and len(_static_shape(value.args[0]) or ()) == 5:
-                self._emit(binding, relax.op.layout_transform(args[0], self.unblock_map))
+                self._emit(binding, self._unblock(args[0]))
                 self.blocked[binding.var] = args[0]
+                return None
+            if _is_map(value, self.block_map) and len(_static_shape(value.args[0]) or ()) == 4 \
+                    and not isinstance(args[0], tvm.ir.expr.Constant):
+                self._emit(binding, self._block(args[0]))
                 return None
         if value.op.same_as(_CONV2D):
             lowered = self._conv(value, args)
@@ -270,8 +294,7 @@ class _BlockedRewriter(relax.PyExprMutator):
             elif shape == []:
                 operands.append(arg)
             elif shape == [1, out[1], 1, 1] and isinstance(out[1], int) and out[1] % self.b == 0:
-                operands.append(self.builder_.emit(
-                    relax.op.layout_transform(arg, self.block_map), name_hint="chan_nchwc"))
+                operands.append(self.builder_.emit(self._block(arg), name_hint="chan_nchwc"))
             else:
                 return None
         return operands
@@ -393,6 +416,8 @@ class ConvertToNCHWc:
         mod = _run(_RaiseScalarOps(mod), mod)
         mod = relax.transform.ConvertLayout(layouts)(mod)
         mod = _run(_BlockedRewriter(mod, block), mod)
+        # ConvertLayout transforms a tensor once per consumer (a residual input twice)
+        mod = relax.transform.EliminateCommonSubexpr()(mod)
         return relax.transform.DeadCodeElimination()(mod)
 
 
