@@ -9,6 +9,7 @@ of killing pytest.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -392,8 +393,11 @@ def test_bad_feeds_never_crash_the_process(tmp_path):
 
     script = tmp_path / "child.py"
     script.write_text(_CHILD.format(tests=str(Path(__file__).parent)))
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's package in the child
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
     assert proc.returncode == 0, f"child exited with {proc.returncode}:\n{proc.stderr[-3000:]}"
     # Every malformed feed but the empty batch and the strided view is refused by our checks.
     assert "raised 10 of 12" in proc.stdout, proc.stdout

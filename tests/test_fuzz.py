@@ -214,7 +214,10 @@ def test_same_model_same_plan_and_library(tmp_path):
         work.mkdir()
         script.write_text(_DETERMINISM_CHILD.format(tests=str(Path(__file__).parent),
                                                     tmp=str(work)))
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        # the child imports this checkout's package, whatever an editable install points at
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed,
+               "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                               env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
