@@ -19,6 +19,7 @@ from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
 from fusion_tvm.passes.mark_noalias import MarkShapeFuncsNoAlias
 from fusion_tvm.pipeline import lower_passes
+from fusion_tvm.targets.llvm_cpu.matmul import _panel_stationary, derive_tiles
 
 HW = get_hardware("ci-x86-avx2")
 TARGET = tvm.target.Target(dict(HW.target))
@@ -163,3 +164,16 @@ def test_shape_funcs_marked_noalias():
                    and not gv.name_hint.startswith("shape_func")][0]].without_attr("tirx.noalias")
     out = MarkShapeFuncsNoAlias()(tvm.IRModule({"f": two}))
     assert "tirx.noalias" not in out["f"].attrs
+
+
+def test_large_k_panel_stationary_order():
+    tiles = derive_tiles(HW, 32, None, 40, b_j_contiguous=True)
+    # An A strip of mr x 2100 floats exceeds L1: column panels go outer; K = 512 fits L1.
+    assert _panel_stationary(HW, 2100, tiles.mr, tiles.nr, 32)
+    assert not _panel_stationary(HW, 512, tiles.mr, tiles.nr, 32)
+    assert not _panel_stationary(HW, None, tiles.mr, tiles.nr, 32)
+    m = tirx.Var("m", "int64")
+    check_sizes(gemm_module((m, 2100), (2100, 40), 40, "gelu"),
+                lambda size: [rand(size, 2100), rand(2100, 40), rand(40)], sizes=[1, 37])
+    check_sizes(gemm_module((96, 2100), (2100, 40), 40, "gelu"),
+                lambda size: [rand(96, 2100), rand(2100, 40), rand(40)], sizes=[96])
