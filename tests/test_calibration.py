@@ -308,8 +308,6 @@ def test_calibration_writes_parallel_overhead_and_classes(quick):
     assert spec.parallel_overhead_s == quick.parallel_overhead_s >= 0.0
     probe = quick.parallel_probe_s
     assert probe["parallel"] > 0 and probe["serial"] > 0
-    assert quick.parallel_overhead_s == pytest.approx(
-        max(probe["parallel"] - probe["serial"] / spec.num_cores, 0.0))
     assert {"matmul:small", "matmul:large", "elementwise:transcendental"} <= set(spec.efficiency)
     assert all(0 < v <= 1.5 for v in spec.efficiency.values())
     # Each kernel's efficiency has its parallel loops' overhead taken out.

@@ -522,7 +522,7 @@ def _row_add(rows: int, cols: int, parallel: bool):
 PROBE_COLS = 4096
 
 
-def measure_parallel_overhead(runner: Runner, hw: HardwareSpec
+def measure_parallel_overhead(runner: Runner, hw: HardwareSpec, rounds: int = 7
                               ) -> tuple[float, dict[str, float]]:
     """Seconds one parallel region adds to a kernel: the same work (``PROBE_COLS`` floats
     per core) timed with its rows in parallel and serially; the overhead is what the
@@ -531,12 +531,16 @@ def measure_parallel_overhead(runner: Runner, hw: HardwareSpec
         return 0.0, {}
     cores = hw.num_cores
     args = [runner.tensor(np.zeros((cores, PROBE_COLS), "float32")) for _ in range(2)]
-    times = {}
-    for name, parallel in (("serial", False), ("parallel", True)):
-        module = runner.build_prim(tvm.IRModule({"main": _row_add(cores, PROBE_COLS,
-                                                                  parallel)}))
-        times[name] = runner.time_prim(module, args)
-    return max(times["parallel"] - times["serial"] / cores, 0.0), times
+    modules = {name: runner.build_prim(tvm.IRModule({"main": _row_add(cores, PROBE_COLS, par)}))
+               for name, par in (("serial", False), ("parallel", True))}
+    # Paired rounds, the median of their overheads: a load burst spoils one round only.
+    overheads, times = [], {"serial": [], "parallel": []}
+    for _ in range(rounds):
+        for name, module in modules.items():
+            times[name].append(runner.time_prim(module, args))
+        overheads.append(times["parallel"][-1] - times["serial"][-1] / cores)
+    summary = {name: float(np.median(v)) for name, v in times.items()}
+    return max(float(np.median(overheads)), 0.0), summary
 
 
 def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,

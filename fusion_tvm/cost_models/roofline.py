@@ -77,21 +77,17 @@ def _conv_kind(graph: FusionGraph, group, hw) -> str:
     """Which CPU conv kernel the (NCHW) convolution of ``group`` gets: ``row`` vectors
     (width a multiple of 4), ``channel`` vectors (narrow rows, channels a multiple of the
     SIMD lanes), else the plain ``window`` nest of the reduction rule (the conv template
-    declines; so it does for a single output pixel under a window larger than 1x1)."""
+    declines)."""
     conv = next((graph.nodes[n] for n in sorted(group)
                  if graph.nodes[n].op_class is OpClass.CONV), None)
     if conv is None:
         return "row"
     shape = _dims_of(graph, conv.outputs[0])
-    weight = _dims_of(graph, conv.inputs[1]) if len(conv.inputs) > 1 else []
     if len(shape) != 4:
         return "row"
-    channels, height, width = int(shape[1]), int(shape[2]), int(shape[3])
-    window = int(math.prod(weight[2:])) if len(weight) == 4 else 1
+    channels, width = int(shape[1]), int(shape[3])
     if width % 4 == 0:
         return "row"
-    if height * width == 1 and window > 1:
-        return "window"
     return "channel" if channels % hw.simd_lanes_fp32 == 0 else "window"
 
 
@@ -123,7 +119,9 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
         contraction = flops.get(OpClass.MATMUL, 0.0)
         return (1 if rows >= 2 * mr else 0) + (1 if contraction >= PARALLEL_MIN_FLOPS else 0)
     if rule == "reduction":
-        return 1 if big >= PARALLEL_MIN_ROW_ELEMENTS else 0
+        # A window nest (a conv the template declined) counts its whole iteration space.
+        work = max(big, flops.get(OpClass.CONV, 0.0) / 2)
+        return 1 if work >= PARALLEL_MIN_ROW_ELEMENTS else 0
     return sum(1 for e in elems if e >= PARALLEL_MIN_ELEMENTS)
 
 
@@ -185,9 +183,10 @@ class RooflineCostModel(CostModel):
                 if key in table:
                     return table[key]
         if self.backend is not None:
-            table = getattr(self.backend, "rule_efficiency", None)
-            if table and rule in table:
-                return table[rule]
+            table = getattr(self.backend, "rule_efficiency", None) or {}
+            for key in keys:
+                if key in table:
+                    return table[key]
         return DEFAULT_RULE_EFFICIENCY.get(rule, self.hw.default_efficiency)
 
     # ----------------------------------------------------------------- estimate
