@@ -172,6 +172,7 @@ def test_large_k_panel_stationary_order():
     assert _panel_stationary(HW, 2100, tiles.mr, tiles.nr, 32)
     assert not _panel_stationary(HW, 512, tiles.mr, tiles.nr, 32)
     assert not _panel_stationary(HW, None, tiles.mr, tiles.nr, 32)
+    assert _panel_stationary(HW, 512, tiles.mr, tiles.nr, 32, packed=False)  # B read in place
     m = tirx.Var("m", "int64")
     check_sizes(gemm_module((m, 2100), (2100, 40), 40, "gelu"),
                 lambda size: [rand(size, 2100), rand(2100, 40), rand(40)], sizes=[1, 37])

@@ -90,20 +90,25 @@ def derive_tiles(
     return MatmulTiles(mr=mr, nr=nr, pack_b=pack_b)
 
 
-def _panel_stationary(hw: HardwareSpec, k: int | None, mr: int, nr: int, bits: int) -> bool:
+def _panel_stationary(
+    hw: HardwareSpec, k: int | None, mr: int, nr: int, bits: int, packed: bool = True
+) -> bool:
     """Whether row tiles should be the inner tile loop (each ``K x nr`` B panel stays in L2).
 
     Row tiles outer keep an ``mr x K`` A strip in L1 and stream all of B per row tile;
     column panels outer keep a B panel in L2 and stream A per panel, ``nr / mr`` times less
-    traffic from beyond L2 once the A strip no longer fits L1. Measured (znver4, 1 thread,
-    panels outer / rows outer): 0.77 on 512x4096x1024, 0.92 on 2048x3072x768, 1.0 on
-    128x3072x768, but 1.05 on 1024^3 and 1.18 on 512^3 (A strip in L1), hence the test.
+    traffic from beyond L2. A packed panel pays off once the A strip no longer fits L1;
+    a B read in place (``K`` rows ``N`` apart) always. Measured (znver4, 1 thread, panels
+    outer / rows outer), packed: 0.77 on 512x4096x1024, 0.92 on 2048x3072x768, 1.0 on
+    128x3072x768, but 1.05 on 1024^3 and 1.18 on 512^3 (A strip in L1); in place, M
+    symbolic = 128: 0.69 on K=768 N=3072, 0.86 on 768x768 (0.95 at M = 16).
     """
     l1, l2 = hw.level("L1"), hw.level("L2")
     if k is None or l1 is None or l2 is None:
         return False
     elem = bits // 8
-    return mr * k * elem > l1.capacity_bytes and k * nr * elem <= l2.capacity_bytes // 2
+    panel_fits = k * nr * elem <= l2.capacity_bytes // 2
+    return panel_fits and (not packed or mr * k * elem > l1.capacity_bytes)
 
 
 def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
@@ -363,7 +368,7 @@ class Matmul(ScheduleRule):
         batch, i, j, k = sch.get_loops(main)
         io, ii = sch.split(i, [None, mr])
         jo, ji = sch.split(j, [None, nr])
-        if _panel_stationary(hw, static_extent(sch, k), mr, nr, bits):
+        if _panel_stationary(hw, static_extent(sch, k), mr, nr, bits, tiles.pack_b):
             sch.reorder(batch, jo, io, k, ii, ji)
             tile = sch.fuse(batch, jo, io)
         else:
