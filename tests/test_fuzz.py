@@ -194,7 +194,7 @@ import fusion_tvm
 from fusion_tvm.testing.random_onnx import random_model
 from test_fuzz import _stable_plan
 out = {{}}
-for seed in (1, 11, 12):
+for seed in (4, 11, 12):
     cm = fusion_tvm.compile(random_model(seed).model, hw="ci-x86-avx2")
     path = cm.export({tmp!r} + f"/m{{seed}}.so")
     out[seed] = [_stable_plan(cm.plan), hashlib.sha256(open(path, "rb").read()).hexdigest(),
@@ -227,7 +227,7 @@ def test_same_model_same_plan_and_library(tmp_path):
         plan_b, so_b, text_b = runs[1][seed]
         assert plan_a == plan_b, f"seed {seed}: plans differ"
         assert text_a == text_b, f"seed {seed}: VM bytecode differs"
-        # Seeds 1 and 11 have derived symbolic dims: before SortShapeFuncStores their shape
+        # Seeds 4 and 11 have derived symbolic dims: before SortShapeFuncStores their shape
         # functions' stores came out in an address-dependent order (different .so bytes).
         assert so_a == so_b, f"seed {seed}: exported libraries differ"
 

@@ -618,6 +618,29 @@ class _LastPass:
         self.current = info.name
 
 
+def stock_tvm_error(case: FuzzCase) -> str:
+    """Build and run ``case`` with TVM alone (Relax ONNX importer, ``zero`` pipeline,
+    ``tvm.compile`` for LLVM); the error in one line, or "" when it runs."""
+    import contextlib
+    import io
+
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            mod = from_onnx(case.model, keep_params_in_input=False)
+        target = tvm.target.Target("llvm")
+        with target:
+            mod = relax.get_pipeline("zero")(mod)
+        vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+        names = [i.name for i in case.model.graph.input]
+        vm["main"](*[tvm.runtime.tensor(case.feeds[n]) for n in names if n in case.feeds])
+    except Exception as err:  # noqa: BLE001 - any failure of TVM alone
+        return _one_line(err)
+    return ""
+
+
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
@@ -679,6 +702,11 @@ def check_case(
         base = _compile(case.model, "none", schedule, hw, well_formed=False)
         base_out = base.run(case.feeds)
     except Exception as err:  # noqa: BLE001
+        # fusion="none" still runs our prepare passes (layouts, sibling combine, slices) and
+        # schedule rules: the crash is TVM's only if TVM's own pipeline crashes too.
+        if not stock_tvm_error(case):
+            return CheckResult(OURS_CRASH, f"{ours_error or 'unfused build'}: {_one_line(err)} "
+                                           "(stock TVM builds and runs it)")
         return CheckResult(STOCK_CRASH, _one_line(err))
     if ours_error:
         return CheckResult(OURS_CRASH, ours_error)
