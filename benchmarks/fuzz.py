@@ -51,7 +51,7 @@ def save_regression(case, result, schedule: bool, directory: Path = REGRESSIONS)
 def fuzz(
     seed: int, count: int, min_ops: int = 5, max_ops: int = 15, schedule: str = "both",
     reduce: bool = False, max_reduce_per_signature: int = 2, always_unfused: bool = True,
-    log=print,
+    log=print, log_every: int = 100,
 ) -> dict:
     """Run seeds ``seed .. seed+count-1``; returns a summary dict."""
     from fusion_tvm.testing.random_onnx import OURS, check_case, random_model, reduce_case
@@ -65,7 +65,7 @@ def fuzz(
         case = random_model(s, min_ops, max_ops)
         result = check_case(case, schedule=sched, always_unfused=always_unfused)
         kinds[result.kind] += 1
-        if (s - seed + 1) % 100 == 0:
+        if (s - seed + 1) % log_every == 0:
             log(f"... {s - seed + 1} graphs, {dict(kinds)}")
         if result.ok:
             continue
@@ -104,10 +104,11 @@ def main(argv=None) -> int:
     parser.add_argument("--lazy-unfused", action="store_true",
                         help="build the unfused reference only when ours disagrees with ORT")
     parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--log-every", type=int, default=100, help="progress line every N graphs")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     summary = fuzz(args.seed, args.count, args.min_ops, args.max_ops, args.schedule,
-                   args.reduce, always_unfused=not args.lazy_unfused)
+                   args.reduce, always_unfused=not args.lazy_unfused, log_every=args.log_every)
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
