@@ -317,11 +317,18 @@ def main(argv=None) -> int:
                         help="write OUT.json and OUT.md (all rows of the progress file)")
     parser.add_argument("--from-progress", action="store_true",
                         help="only write and print the table of the progress file")
+    parser.add_argument("--rerun", help="regex: drop these tests from the progress file first")
+    parser.add_argument("--note", default="", help="a sentence for the table's header")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         _worker(args.worker)
         return 0
+    if args.rerun and args.progress.exists():
+        rx = re.compile(args.rerun)
+        keep = [ln for ln in args.progress.read_text().splitlines()
+                if ln.strip() and not rx.search(json.loads(ln)["name"])]
+        args.progress.write_text("".join(ln + "\n" for ln in keep))
     all_names = list(load_cases(pattern=args.filter))[:: args.every][: args.limit]
     if args.fresh and args.progress.exists():
         args.progress.unlink()
@@ -351,7 +358,7 @@ def main(argv=None) -> int:
         print(f"{len(names)} node tests run in {time.perf_counter() - start:.0f} s")
     rows = read_progress(args.progress)
     results = {n: rows[n] for n in all_names if n in rows}
-    write_tables(results, args.out, len(all_names))
+    write_tables(results, args.out, len(all_names), args.note)
     print(table(results))
     worse = [r for r in results.values() if r["stock"] == PASS and r["ours"] != PASS]
     return 1 if worse else 0
