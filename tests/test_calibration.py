@@ -234,6 +234,11 @@ def test_roofline_charges_each_parallel_region():
     assert slow.estimate(big, g).time_s - base.estimate(big, g).time_s == pytest.approx(20e-6)
     assert slow.estimate(small, g).detail["parallel_regions"] == 0
     assert slow.estimate(small, g).time_s == pytest.approx(base.estimate(small, g).time_s)
+    # Further parallel loops of one kernel cost parallel_region_s each (workers awake).
+    assert _frozen(parallel_overhead_s=20e-6).parallel_cost(3) == pytest.approx(60e-6)
+    assert _frozen(parallel_overhead_s=20e-6, parallel_region_s=5e-6).parallel_cost(3) == \
+        pytest.approx(30e-6)
+    assert _frozen(parallel_overhead_s=20e-6).parallel_cost(0) == 0.0
     one_core = RooflineCostModel(_frozen(parallel_overhead_s=20e-6, num_cores=1,
                                          target={"kind": "llvm", "mcpu": "haswell"}))
     assert one_core.estimate(big, g).detail["parallel_regions"] == 0
@@ -247,6 +252,7 @@ def test_roofline_uses_class_efficiencies():
     assert shape_class("matmul", {OpClass.MATMUL: 1e9}) == "large"
     assert shape_class("elementwise", {OpClass.ELEMENTWISE: 10.0}) == "plain"
     assert shape_class("elementwise", {OpClass.TRANSCENDENTAL: 10.0}) == "transcendental"
+    assert shape_class("elementwise", {}) == "copy"  # a layout transform moves data only
     small, large, g = _matmul_graph(16, 64, 64), _matmul_graph(512, 512, 512), frozenset([0])
     flat = RooflineCostModel(_frozen(efficiency={"matmul": 0.5}))
     split = RooflineCostModel(_frozen(efficiency={"matmul": 0.5, "matmul:small": 0.05}))
@@ -271,12 +277,12 @@ def test_roofline_uses_class_efficiencies():
 
 
 def test_class_efficiencies_round_trip(tmp_path):
-    spec = _frozen(parallel_overhead_s=12e-6,
+    spec = _frozen(parallel_overhead_s=12e-6, parallel_region_s=4e-6,
                    efficiency={"matmul": 0.4, "matmul:small": 0.1, "reduction:window": 0.02})
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec.to_json()))
     back = get_hardware(str(path))
-    assert back == spec and back.parallel_overhead_s == 12e-6
+    assert back == spec and back.parallel_overhead_s == 12e-6 and back.parallel_region_s == 4e-6
     assert back.rule_efficiency("matmul", "small") == 0.1
     assert back.rule_efficiency("matmul", "large") == 0.4
 
@@ -307,12 +313,13 @@ def test_calibration_writes_parallel_overhead_and_classes(quick):
     # Measured (near zero where TVM_NUM_THREADS=1 leaves one worker), and in the spec.
     assert spec.parallel_overhead_s == quick.parallel_overhead_s >= 0.0
     probe = quick.parallel_probe_s
-    assert probe["parallel"] > 0 and probe["serial"] > 0
+    assert probe["parallel"] > 0 and probe["serial"] > 0 and probe["parallel_x2"] > 0
+    assert spec.parallel_region_s is not None and spec.parallel_region_s >= 0.0
     assert {"matmul:small", "matmul:large", "elementwise:transcendental"} <= set(spec.efficiency)
     assert all(0 < v <= 1.5 for v in spec.efficiency.values())
     # Each kernel's efficiency has its parallel loops' overhead taken out.
     for k in quick.kernels:
-        body = k.measured_s - quick.call_s - k.regions * spec.parallel_overhead_s
+        body = k.measured_s - quick.call_s - spec.parallel_cost(k.regions)
         expect = kernel_efficiency(k.roofline_s, k.internal_s, max(body, 1e-9))
         assert k.efficiency == pytest.approx(expect)
     assert HardwareSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec

@@ -345,6 +345,7 @@ class KernelEfficiency:
     calibrates: str = ""  # the rule, or "transcendental"
     regions: int = 0  # parallel loops of the scheduled kernel (thread-pool fork/joins)
     shape_class: str = ""  # roofline.shape_class of the group
+    scheduled_rule: str = ""  # the rule that scheduled it (``rule`` is the model's name)
 
 
 def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> float:
@@ -356,14 +357,15 @@ def kernel_efficiency(roofline_s: float, internal_s: float, body_s: float) -> fl
 
 
 def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: bool = False,
-                  log: Callable[[str], None] | None = None) -> list[tuple]:
+                  log: Callable[[str], None] | None = None,
+                  between: Callable[[], None] | None = None) -> list[tuple]:
     """Time every kernel of the representative workloads; returns ``(KernelEfficiency,
     graph, group)`` triples (``hw`` supplies the roofline: peaks and calibrated bandwidths,
     and the thread-pool overhead taken out of every parallel region; the graphs let
-    :func:`refit` re-estimate under a changed spec without re-timing)."""
+    :func:`refit` re-estimate under a changed spec without re-timing). ``between`` runs
+    after each workload (a round of the thread-pool probe, spread over the calibration)."""
     from ..api import compile as ft_compile
 
-    par = hw.parallel_overhead_s
     probe = replace(hw, efficiency={r: 1.0 for r in RULES}, launch_overhead_s=0.0,
                     parallel_overhead_s=0.0)
     out = []
@@ -380,17 +382,22 @@ def measure_rules(runner: Runner, hw: HardwareSpec, call_s: float, thorough: boo
             measured = time_kernel(runner, k.func)
             regions = parallel_loops(k.func)
             eff = kernel_efficiency(roof, internal,
-                                    max(measured - call_s - regions * par, 1e-9))
+                                    max(measured - call_s - hw.parallel_cost(regions), 1e-9))
             trans = sum(k.graph.nodes[i].flops(k.graph.dims).get(OpClass.TRANSCENDENTAL, 0.0)
                         for i in k.members)
-            e = KernelEfficiency(w.name, k.func_name, k.rule, roof, internal, measured, eff,
+            # Keyed by the rule the cost model names for the group (what it looks up), but
+            # a kernel the fallback scheduled calibrates "fallback".
+            rule = "fallback" if k.rule == "fallback" else str(k.detail.get("rule", k.rule))
+            e = KernelEfficiency(w.name, k.func_name, rule, roof, internal, measured, eff,
                                  regions > 0, float(trans),
                                  "transcendental" if w.transcendental else k.rule,
-                                 regions, str(k.detail.get("shape_class", "")))
+                                 regions, str(k.detail.get("shape_class", "")), k.rule)
             out.append((e, k.graph, k.members))
             if log:
-                log(f"  {w.name:<26} {k.func_name[:36]:<36} {k.rule:<11} "
+                log(f"  {w.name:<26} {k.func_name[:36]:<36} {k.rule:<12} "
                     f"{e.shape_class:<14} {regions}p {measured * 1e6:9.1f} us  eff {eff:.3f}")
+        if between is not None:
+            between()
     return out
 
 
@@ -414,13 +421,12 @@ def refit(measured: Sequence[tuple], spec: HardwareSpec, call_s: float) -> list[
     model = RooflineCostModel(replace(spec, efficiency={r: 1.0 for r in RULES},
                                       launch_overhead_s=0.0, parallel_overhead_s=0.0),
                               get_backend("llvm"))
-    par = spec.parallel_overhead_s
     out = []
     for e, graph, group in measured:
         d = model.estimate(graph, group).detail
         roof = max(d.get("compute_s", 0.0), d.get("memory_s", 0.0))
         internal = d.get("internal_s", 0.0)
-        body = max(e.measured_s - call_s - e.regions * par, 1e-9)
+        body = max(e.measured_s - call_s - spec.parallel_cost(e.regions), 1e-9)
         eff = kernel_efficiency(roof, internal, body)
         out.append(replace(e, roofline_s=roof, internal_s=internal, efficiency=eff))
     return out
@@ -503,17 +509,25 @@ class CalibrationResult:
         }
 
 
-def _row_add(rows: int, cols: int, parallel: bool):
-    """``B = A + 1`` on ``rows x cols`` floats, rows in parallel or not, columns vectorised."""
+def _row_add(rows: int, cols: int, parallel: bool, loops: int = 1):
+    """``loops`` passes of ``B = A + 1`` (each reading the last) on ``rows x cols`` floats,
+    one loop nest each, rows in parallel or not, columns vectorised."""
     from tvm import s_tir, te
 
+    one = tvm.tirx.const(1, "float32")
     a = te.placeholder((rows, cols), "float32", name="A")
-    b = te.compute((rows, cols), lambda i, j: a[i, j] + tvm.tirx.const(1, "float32"), name="B")
-    sch = s_tir.Schedule(te.create_prim_func([a, b]))
-    outer, inner = sch.get_loops(sch.get_sblock("B"))
-    if parallel:
-        sch.parallel(outer)
-    sch.vectorize(inner)
+    def plus_one(prev):
+        return lambda i, j: prev[i, j] + one
+
+    stages = [a]
+    for k in range(loops):
+        stages.append(te.compute((rows, cols), plus_one(stages[-1]), name=f"B{k}"))
+    sch = s_tir.Schedule(te.create_prim_func([a, stages[-1]]))
+    for k in range(loops):
+        outer, inner = sch.get_loops(sch.get_sblock(f"B{k}"))
+        if parallel:
+            sch.parallel(outer)
+        sch.vectorize(inner)
     return sch.mod["main"].with_attr("global_symbol", "main")
 
 
@@ -522,25 +536,61 @@ def _row_add(rows: int, cols: int, parallel: bool):
 PROBE_COLS = 4096
 
 
+class ParallelProbe:
+    """Seconds the first parallel loop of a kernel adds, and each further one.
+
+    The same work (``PROBE_COLS`` floats per core) is timed with its rows in parallel and
+    serially: the parallel kernel's time beyond its ideal share ``serial / cores`` is the
+    first fork/join; a kernel of two such loops in a row gives the second (the workers are
+    awake by then). Each :meth:`round` times the three kernels once; the figures are the
+    medians over rounds, so rounds spread over the calibration average the machine's load
+    over the same minutes as the kernels they are subtracted from.
+    """
+
+    def __init__(self, runner: Runner, hw: HardwareSpec):
+        self.runner, self.cores = runner, hw.num_cores
+        self.times: dict[str, list[float]] = {"serial": [], "parallel": [], "parallel_x2": []}
+        self.first: list[float] = []
+        self.further: list[float] = []
+        if self.cores <= 1:
+            return
+        self.args = [runner.tensor(np.zeros((self.cores, PROBE_COLS), "float32"))
+                     for _ in range(2)]
+        kinds = {"serial": (False, 1), "parallel": (True, 1), "parallel_x2": (True, 2)}
+        self.modules = {
+            name: runner.build_prim(tvm.IRModule({"main": _row_add(self.cores, PROBE_COLS,
+                                                                   par, loops)}))
+            for name, (par, loops) in kinds.items()}
+
+    def round(self) -> None:
+        """Time the three probe kernels once more (nothing on one core)."""
+        if self.cores <= 1:
+            return
+        t = {name: self.runner.time_prim(m, self.args) for name, m in self.modules.items()}
+        for name, v in t.items():
+            self.times[name].append(v)
+        share = t["serial"] / self.cores
+        self.first.append(t["parallel"] - share)
+        self.further.append(t["parallel_x2"] - t["parallel"] - share)
+
+    def estimate(self) -> tuple[float, float]:
+        """``(first loop, each further loop)`` seconds: medians over the rounds."""
+        if not self.first:
+            return 0.0, 0.0
+        return (max(float(np.median(self.first)), 0.0),
+                max(float(np.median(self.further)), 0.0))
+
+    def summary(self) -> dict[str, float]:
+        return {name: float(np.median(v)) for name, v in self.times.items() if v}
+
+
 def measure_parallel_overhead(runner: Runner, hw: HardwareSpec, rounds: int = 7
-                              ) -> tuple[float, dict[str, float]]:
-    """Seconds one parallel region adds to a kernel: the same work (``PROBE_COLS`` floats
-    per core) timed with its rows in parallel and serially; the overhead is what the
-    parallel kernel takes beyond its ideal share ``serial / cores`` (zero on one core)."""
-    if hw.num_cores <= 1:
-        return 0.0, {}
-    cores = hw.num_cores
-    args = [runner.tensor(np.zeros((cores, PROBE_COLS), "float32")) for _ in range(2)]
-    modules = {name: runner.build_prim(tvm.IRModule({"main": _row_add(cores, PROBE_COLS, par)}))
-               for name, par in (("serial", False), ("parallel", True))}
-    # Paired rounds, the median of their overheads: a load burst spoils one round only.
-    overheads, times = [], {"serial": [], "parallel": []}
+                              ) -> tuple[float, float, dict[str, float]]:
+    """:class:`ParallelProbe` figures from ``rounds`` rounds in a row."""
+    probe = ParallelProbe(runner, hw)
     for _ in range(rounds):
-        for name, module in modules.items():
-            times[name].append(runner.time_prim(module, args))
-        overheads.append(times["parallel"][-1] - times["serial"][-1] / cores)
-    summary = {name: float(np.median(v)) for name, v in times.items()}
-    return max(float(np.median(overheads)), 0.0), summary
+        probe.round()
+    return (*probe.estimate(), probe.summary())
 
 
 def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
@@ -567,14 +617,21 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
     memory = tuple(replace(lvl, bandwidth_bytes_per_s=v) for lvl, v in zip(base.memory, fixed,
                                                                              strict=True))
     launch, chain = measure_launch(runner, thorough)
-    par, probe = measure_parallel_overhead(runner, base)
+    probe = ParallelProbe(runner, base)
+    for _ in range(3):
+        probe.round()
+    par, par_next = probe.estimate()
     call = measure_call(runner)
-    say(f"VM launch overhead {launch * 1e6:.2f} us/kernel (direct call {call * 1e6:.2f} us); "
-        f"thread-pool start/join {par * 1e6:.2f} us")
     spec = replace(base, name=f"{base.name}-calibrated", memory=memory, launch_overhead_s=launch,
-                   parallel_overhead_s=par)
-    measured = measure_rules(runner, spec, call, thorough, say) if rules else []
-    effs = [m[0] for m in measured]
+                   parallel_overhead_s=par, parallel_region_s=par_next)
+    measured = measure_rules(runner, spec, call, thorough, say, probe.round) if rules else []
+    # The probe's rounds ran between the workloads: refit with the figures of the whole run.
+    par, par_next = probe.estimate()
+    spec = replace(spec, parallel_overhead_s=par, parallel_region_s=par_next)
+    say(f"VM launch overhead {launch * 1e6:.2f} us/kernel (direct call {call * 1e6:.2f} us); "
+        f"thread-pool start/join {par * 1e6:.2f} us, each further parallel loop "
+        f"{par_next * 1e6:.2f} us ({len(probe.first)} probe rounds)")
+    effs = refit(measured, spec, call) if measured else []
     trans_peak = None
     if effs:
         trans_peak = transcendental_peak(effs, call, aggregate(effs).get("elementwise", 1.0))
@@ -592,4 +649,5 @@ def run_calibration(runner: Runner, base: HardwareSpec, thorough: bool = False,
     if effs:
         spec = spec.with_efficiency(aggregate(effs, classes=True))
         say("efficiency: " + ", ".join(f"{k}={v:.3f}" for k, v in spec.efficiency.items()))
-    return CalibrationResult(spec, bw, launch, chain, call, effs, par, trans_peak, probe)
+    return CalibrationResult(spec, bw, launch, chain, call, effs, par, trans_peak,
+                             probe.summary())

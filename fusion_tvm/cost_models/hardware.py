@@ -100,7 +100,11 @@ class HardwareSpec:
     launch_overhead_s : float
         Fixed cost of one kernel launch (VM call on CPU, CUDA launch on GPU).
     parallel_overhead_s : float
-        Extra cost of a kernel that runs on several cores (thread-pool start and join).
+        Extra cost of a kernel that runs on several cores (thread-pool start and join of its
+        first parallel loop).
+    parallel_region_s : float or None
+        Extra cost of each further parallel loop of the same kernel (the workers are
+        awake by then); None: the same as ``parallel_overhead_s``.
     efficiency : Mapping[str, float]
         Measured fraction of peak each schedule rule reaches, by rule name (``"matmul"``)
         or by rule and shape class (``"matmul:small"``, ``"elementwise:transcendental"``;
@@ -121,6 +125,8 @@ class HardwareSpec:
     default_efficiency: float = 0.5
     #: Start/join cost of the thread pool, paid by every kernel that runs in parallel.
     parallel_overhead_s: float = 0.0
+    #: Fork/join of each further parallel loop in one kernel (None: parallel_overhead_s).
+    parallel_region_s: float | None = None
     gpu: GpuLimits | None = None
     fpga: FpgaResources | None = None
 
@@ -143,8 +149,10 @@ class HardwareSpec:
         positive("num_cores", self.num_cores)
         positive("simd_width_bits", self.simd_width_bits)
         positive("num_vector_registers", self.num_vector_registers)
-        for what in ("launch_overhead_s", "parallel_overhead_s"):
+        for what in ("launch_overhead_s", "parallel_overhead_s", "parallel_region_s"):
             v = getattr(self, what)
+            if v is None and what == "parallel_region_s":
+                continue
             if not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
                 bad(what, f"must be >= 0, got {v!r}")
         if not self.memory:
@@ -173,6 +181,14 @@ class HardwareSpec:
                         positive(f"{type(extra).__name__}.{f.name}", v)
 
     # ----------------------------------------------------------------- helpers
+    def parallel_cost(self, regions: int) -> float:
+        """Thread-pool seconds of a kernel with ``regions`` parallel loops."""
+        if regions <= 0:
+            return 0.0
+        extra = self.parallel_overhead_s if self.parallel_region_s is None \
+            else self.parallel_region_s
+        return self.parallel_overhead_s + (regions - 1) * extra
+
     @property
     def dram(self) -> MemoryLevel:
         """The off-chip level."""

@@ -7,12 +7,13 @@ For one candidate group (one kernel):
   stay on chip (cache-level traffic), or spill when they do not fit;
 * **compute**: FLOPs by op class at the device peak, *including recomputation*: an
   inlined producer runs once per read of its output by the consumer (its reuse factor);
-* **time** = launch overhead + parallel regions x thread-pool overhead
+* **time** = launch overhead + thread-pool overhead of the parallel regions
   + max(compute, memory) / efficiency + intermediate traffic, where the efficiency is the
   calibrated fraction of the roofline that the schedule rule handling the group reaches
   on groups of its shape class (``hw.efficiency["rule:class"]``, else ``["rule"]``, else
   ``backend.rule_efficiency``), and a parallel region is one fork/join of the thread pool
-  (``hw.parallel_overhead_s`` each; see :func:`parallel_regions`).
+  (``hw.parallel_overhead_s`` for the first, ``hw.parallel_region_s`` for each further
+  one; see :func:`parallel_regions`).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ DEFAULT_RULE_EFFICIENCY = {
 PARALLEL_MIN_ELEMENTS = 1 << 14
 #: ... GEMM tiles of at least this many FLOPs ...
 PARALLEL_MIN_FLOPS = 1 << 21
-#: ... and reduction rows covering at least this many elements.
+#: ... and reduction rows covering at least this many elements; B is packed (one more
+#: parallel loop) from this many row tiles of A.
 PARALLEL_MIN_ROW_ELEMENTS = PARALLEL_MIN_ELEMENTS // 4
+PACK_MIN_ROW_TILES = 12
 #: Matmul/conv groups below this many FLOPs are the ``small`` shape class (call overhead and
 #: short loops dominate; the calibrated efficiency differs from large GEMMs by ~3x).
 SMALL_CONTRACTION_FLOPS = 1 << 21
@@ -58,15 +61,19 @@ def shape_class(rule: str, flops: Mapping[OpClass, float], conv_kind: str = "row
 
     ``small``/``large`` for contractions (by FLOPs; ``window`` for a convolution the conv
     template leaves to the reduction rule's plain nest, ~10x slower),
-    ``transcendental``/``plain`` for the other rules (by the share of transcendental work).
+    ``transcendental``/``plain`` for the other rules (by the share of transcendental work),
+    ``copy`` for groups that only move data (layout transforms: strided, ~10x below a
+    plain elementwise kernel's efficiency).
     """
     total = sum(flops.values())
     if conv_kind == "window":
         return "window"
     if rule in ("matmul", "conv2d"):
         return "small" if total < SMALL_CONTRACTION_FLOPS else "large"
+    if total <= 0:
+        return "copy"  # pure data movement: layout transforms, gathers, concatenations
     trans = flops.get(OpClass.TRANSCENDENTAL, 0.0)
-    return "transcendental" if total > 0 and trans >= TRANSCENDENTAL_SHARE * total else "plain"
+    return "transcendental" if trans >= TRANSCENDENTAL_SHARE * total else "plain"
 
 
 def _dims_of(graph: FusionGraph, tid: int) -> list[float]:
@@ -97,7 +104,7 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
 
     Mirrors the LLVM-CPU rules: conv2d always runs its output rows in parallel, plus one
     parallel weight repack when the output rows are too narrow to vectorise (width not a
-    multiple of 4); matmul packs B in parallel unless A has few rows, and runs its tiles in
+    multiple of 4); matmul packs B in parallel when A has many row tiles, and runs its tiles in
     parallel from ``PARALLEL_MIN_FLOPS``; a reduction runs its rows in parallel from
     ``PARALLEL_MIN_ROW_ELEMENTS``; elementwise and fallback kernels run each output block in
     parallel from ``PARALLEL_MIN_ELEMENTS``. Zero on one core and off the CPU.
@@ -117,7 +124,8 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
         while mr * 2 <= max(1, hw.num_vector_registers // 4):
             mr *= 2
         contraction = flops.get(OpClass.MATMUL, 0.0)
-        return (1 if rows >= 2 * mr else 0) + (1 if contraction >= PARALLEL_MIN_FLOPS else 0)
+        pack = rows >= PACK_MIN_ROW_TILES * mr
+        return (1 if pack else 0) + (1 if contraction >= PARALLEL_MIN_FLOPS else 0)
     if rule == "reduction":
         # A window nest (a conv the template declined) counts its whole iteration space.
         work = max(big, flops.get(OpClass.CONV, 0.0) / 2)
@@ -282,7 +290,7 @@ class RooflineCostModel(CostModel):
         regions = hook(graph, group, rule, hw) if callable(hook) else None
         if regions is None:
             regions = parallel_regions(graph, group, rule, hw, flops, published)
-        launch_s = hw.launch_overhead_s + regions * hw.parallel_overhead_s
+        launch_s = hw.launch_overhead_s + hw.parallel_cost(regions)
         time_s = launch_s + max(compute_s, memory_s) / eff + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
         dram_bw = hw.dram.bandwidth_bytes_per_s
