@@ -26,6 +26,7 @@ from .cost_models.presets import get_hardware
 from .errors import UnknownNameError
 from .legality import FusionKinds
 from .passes.combine_siblings import combine_siblings
+from .passes.fast_math import FastMath
 from .passes.fuse_by_cost_model import FuseByCostModel
 from .passes.mark_noalias import MarkShapeFuncsNoAlias
 from .passes.sort_shape_func_stores import SortShapeFuncStores
@@ -64,7 +65,7 @@ def prepare_passes(
     fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
     siblings = [combine_siblings(hw)] if kinds.siblings else []
     use_fast = backend.fast_math if backend is not None else True
-    fast_math = [relax.transform.FastMathTransform()] if use_fast else []
+    fast_math = [FastMath()] if use_fast else []
     return [
         # sort / scan / sampling ops get their library implementations (as tvm.compile does)
         relax.backend.DispatchSampling(),

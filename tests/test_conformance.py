@@ -16,7 +16,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.conformance import PASS, UNSUPPORTED, run_isolated  # noqa: E402
+import tvm  # noqa: E402
+
+import fusion_tvm  # noqa: E402
+from benchmarks.conformance import PASS, UNSUPPORTED, load_cases, run_isolated  # noqa: E402
 
 SUBSET = [
     # elementwise
@@ -50,6 +53,8 @@ SUBSET = [
     "test_cast_FLOAT_to_DOUBLE", "test_cast_FLOAT_to_FLOAT16",
     "test_range_float_type_positive_delta",
     "test_optional_has_element_tensor_input", "test_blackmanwindow",
+    # a data-dependent shape (call_packed tensor_to_shape): stock FastMathTransform crashed
+    "test_expand_dim_unchanged",
 ]
 
 # Bugs outside our passes that make ours fail where stock passes (strict: fixing one turns
@@ -87,3 +92,41 @@ def test_ours_pass_contains_stock_pass(results):
     stock = {n for n, r in results.items() if r["stock"] == PASS}
     assert stock - ours <= set(KNOWN), sorted(stock - ours)
     assert len(stock) >= len(SUBSET) * 3 // 4  # the subset is mostly supported
+
+
+def _fast_math_module():
+    from tvm import relax
+    from tvm.script import relax as R
+
+    @R.function
+    def main(x: R.Tensor((2, 8), "float32"), s: R.Tensor((2,), "int64")):
+        with R.dataflow():
+            a = R.nn.softmax(x, axis=-1)
+            b = R.exp(a)
+            c = R.erf(b)
+            d = R.tanh(c)
+            e = R.add(d, x)
+            R.output(e)
+        return e
+
+    mod = tvm.IRModule({"main": main})
+    return relax.transform.Normalize()(mod)
+
+
+def test_fast_math_matches_stock_and_skips_packed_calls():
+    """Our FastMath rewrites operators exactly as TVM's FastMathTransform does, and leaves a
+    call of a packed function (which crashed the stock pass) alone."""
+    from tvm import relax
+
+    from fusion_tvm.passes.fast_math import FastMath
+
+    mod = _fast_math_module()
+    ours = FastMath()(mod)
+    tvm.ir.assert_structural_equal(ours, relax.transform.FastMathTransform()(mod))
+    assert len([gv for gv, _ in ours.functions_items()]) == 5  # main + 4 TE functions
+
+    loaded = fusion_tvm.load_model(load_cases(["test_expand_dim_unchanged"])[
+        "test_expand_dim_unchanged"].model)
+    with pytest.raises(AttributeError):
+        relax.transform.FastMathTransform()(loaded.mod)
+    tvm.ir.assert_structural_equal(FastMath()(loaded.mod), loaded.mod)

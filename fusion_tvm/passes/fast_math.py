@@ -1,0 +1,46 @@
+"""FastMath: stock ``FastMathTransform`` that leaves calls of non-operators alone.
+
+TVM's ``FastMathTransform`` reads ``call.op.name`` on every call, so a model with a
+data-dependent shape (``R.call_packed("vm.builtin.tensor_to_shape", ...)``, an ``ExternFunc``)
+or a call of another Relax function (a ``GlobalVar``) fails with ``AttributeError`` (ONNX
+conformance ``test_expand_dim_unchanged``: stock TVM passes, ours failed). Same rewrites
+(softmax, exp, erf, tanh to their vectorisable polynomial versions), operators only.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, topi
+from tvm.relax import Call, Expr, PyExprMutator, expr_functor
+
+_FAST = {
+    "relax.exp": topi.fast_exp,
+    "relax.erf": topi.fast_erf,
+    "relax.tanh": topi.fast_tanh,
+}
+
+
+@expr_functor.mutator
+class _FastMathMutator(PyExprMutator):
+    def visit_call_(self, call: Call) -> Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call, Call) or not isinstance(call.op, tvm.ir.Op):
+            return call
+        if call.op.name == "relax.nn.softmax":
+            return self.builder_.call_te(topi.nn.fast_softmax, call.args[0], call.attrs.axis)
+        if call.op.name in _FAST:
+            return self.builder_.call_te(_FAST[call.op.name], call.args[0])
+        return call
+
+
+@tvm.transform.module_pass(opt_level=0, name="FastMath")
+class FastMath:
+    """Replace softmax / exp / erf / tanh by TVM's fast approximations (as FastMathTransform)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        """Return ``mod`` with the fast versions in every Relax function."""
+        mutator = _FastMathMutator(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        return mutator.builder_.get()
