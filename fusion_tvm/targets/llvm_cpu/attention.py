@@ -38,6 +38,69 @@ from ._util import (
 )
 from .reduction import _row_local, _shared_rows, _vectorize_innermost
 
+#: Loop annotation read by TVM's LoopPartition pass: the loop is split into a guard-free
+#: body and a tail. A vector loop over a symbolic extent otherwise keeps its bound check
+#: inside, and VectorizeLoop scalarises it (measured 22x slower than the static kernel at
+#: S = 128, znver4).
+PARTITION_HINT = "pragma_loop_partition_hint"
+
+
+def _partition(sch: s_tir.Schedule, loop) -> None:
+    """Ask LoopPartition to peel ``loop``'s guarded tail when its extent is symbolic."""
+    if static_extent(sch, loop) is None:
+        sch.annotate(loop, PARTITION_HINT, 1)
+
+
+def _peel(sch: s_tir.Schedule, loop, extent: int, width: int) -> list:
+    """Split a static ``extent`` loop into a multiple-of-``width`` part and its tail, each
+    with its own block copy: a split with a guarded tail would be scalarised, and
+    LoopPartition leaves constant loops alone."""
+    return list(sch.loop_partition(loop, [extent - extent % width, None]))
+
+
+def _vectorize_row(sch: s_tir.Schedule, block: SBlockRV, width: int) -> None:
+    """Vectorise the innermost (column) loop of an in-row spatial block, a symbolic
+    extent split by ``width`` with its tail peeled off (see :data:`PARTITION_HINT`)."""
+    extent = static_extent(sch, sch.get_loops(block)[-1])
+    if extent is not None and extent > width and extent % width:
+        for part in _peel(sch, sch.get_loops(block)[-1], extent, width):
+            for blk in sch.get_child_blocks(part):  # below an opaque block: no row loop
+                _vectorize_innermost(sch, blk, width, 0)
+        return
+    if extent is not None:
+        _vectorize_innermost(sch, block, width, 1)
+        return
+    with contextlib.suppress(ScheduleError):
+        outer, vec = sch.split(sch.get_loops(block)[-1], [None, width])
+        sch.vectorize(vec)
+        _partition(sch, outer)
+
+
+def _named(sch: s_tir.Schedule, name: str) -> list[SBlockRV]:
+    """The block called ``name`` (empty if none)."""
+    try:
+        return [sch.get_sblock(name)]
+    except (ScheduleError, ValueError):
+        return []
+
+
+def _rfactor_row(sch: s_tir.Schedule, block: SBlockRV, width: int) -> SBlockRV | None:
+    """Split a row reduction (max / sum over keys) into ``width`` vector partial results,
+    also for a symbolic or indivisible row length: a lane past the row's end keeps the
+    reduction's identity. Returns the rf block, or None when the row is too short."""
+    loops = sch.get_loops(block)
+    kinds = iter_kinds(sch, block)
+    if kinds.count("R") != 1 or kinds[-1] != "R":
+        return None
+    extent = static_extent(sch, loops[-1])
+    if extent is not None and extent < 2 * width:
+        return None
+    _, inner = sch.split(loops[-1], [None, width])
+    try:
+        return sch.rfactor(inner, factor_axis=len(kinds) - 1)
+    except ScheduleError:
+        return None
+
 
 def _is_contraction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """A reduction block of the form ``acc += a * b`` over two distinct buffers."""
@@ -79,7 +142,9 @@ REG_TILE = 4
 ROW_TILE = 4
 
 
-def _shape_contraction(sch: s_tir.Schedule, block: SBlockRV, width: int, rows: int) -> None:
+def _shape_contraction(
+    sch: s_tir.Schedule, block: SBlockRV, width: int, rows: int, first: int = 1
+) -> None:
     """Inside a block of query rows: loops (column block, reduction, row, column tile,
     vector), the row and column-tile loops unrolled.
 
@@ -93,7 +158,7 @@ def _shape_contraction(sch: s_tir.Schedule, block: SBlockRV, width: int, rows: i
     reduce_loop = col_loop = row_loop = None
     for k, (iv, value) in enumerate(zip(stmt.iter_vars, realize.iter_values, strict=True)):
         used = set(tirx.analysis.undefined_vars(value))
-        for loop in loops[1:]:
+        for loop in loops[first:]:
             if sch.get(loop).loop_var in used:
                 if iv.iter_type == tirx.IterVar.CommReduce:
                     reduce_loop = loop
@@ -103,17 +168,29 @@ def _shape_contraction(sch: s_tir.Schedule, block: SBlockRV, width: int, rows: i
                     row_loop = loop
     if reduce_loop is None or col_loop is None:
         return
+    extent = static_extent(sch, col_loop)
+    if extent is not None and extent > width and extent % width:
+        with contextlib.suppress(ScheduleError):
+            for part in _peel(sch, col_loop, extent, width):
+                for blk in sch.get_child_blocks(part):  # below an opaque block
+                    _shape_contraction(sch, blk, width, rows, first=0)
+        return
     with contextlib.suppress(ScheduleError):
-        extent = static_extent(sch, col_loop)
         tile = REG_TILE if row_loop is None else max(1, REG_TILE // 2)
         lead = [] if row_loop is None else [row_loop]
         if extent is not None and extent % (tile * width) == 0 and extent >= tile * width:
             outer, tiled, vec = sch.split(col_loop, [None, tile, width])
             sch.reorder(outer, reduce_loop, *lead, tiled, vec)
             sch.unroll(tiled)
+        elif extent is None:
+            # Symbolic keys: register tiles over the guard-free part, the tail peeled off.
+            outer, tiled, vec = sch.split(col_loop, [None, tile, width])
+            sch.reorder(outer, reduce_loop, *lead, tiled, vec)
+            sch.unroll(tiled)
+            _partition(sch, outer)
         else:
             vec = col_loop
-            if extent is None or extent > width:
+            if extent > width:
                 _, vec = sch.split(col_loop, [None, width])
             sch.reorder(reduce_loop, *lead, vec)
         if row_loop is not None:
@@ -169,6 +246,7 @@ class Attention(ScheduleRule):
         rows = _shared_rows(sch, in_row)
         if rows == 0 or not _row_local(sch, in_row, rows):
             return None
+        width = lanes(hw, dtype_bits(sch, in_row[-1]))
         outputs = [sch.get(b) for b in sch.get_output_blocks(sch.get_sblock("root"))]
         anchor = in_row[-1]
         if any(sch.get(b).same_as(o) for b in in_row[:-1] for o in outputs):
@@ -176,16 +254,18 @@ class Attention(ScheduleRule):
         if any(not is_spatial(sch, b) for b in epilogue):
             return None
 
-        width = lanes(hw, dtype_bits(sch, anchor))
         loops = sch.get_loops(anchor)
         extents = [static_extent(sch, lp) for lp in loops[:rows]]
-        row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
         work = None if None in extents else 1
         for ext in extents if work is not None else ():
             work *= ext
-        if extents[-1] is not None and extents[-1] % ROW_TILE == 0:
+        outer = list(loops[:rows])
+        if extents[-1] is None or extents[-1] >= ROW_TILE:
             # Blocks of ROW_TILE query rows: every K^T / V vector loaded serves all of them.
-            row, _ = sch.split(row, [None, ROW_TILE])
+            # A query count that is symbolic or not a multiple of it ends in a partial block
+            # (a row guard outside the vector loops, which stay vectorised).
+            outer[-1], _ = sch.split(outer[-1], [None, ROW_TILE])
+        row = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         if hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 256):
             sch.parallel(row)
         for block in reversed(in_row[:-1]):
@@ -194,12 +274,15 @@ class Attention(ScheduleRule):
             sch.reverse_compute_at(block, row, preserve_unit_loops=True)
         for block in shared:
             parallel_vectorize(sch, block, hw)
+            inner = sch.get_loops(block)
+            if len(inner) > 1 and static_extent(sch, inner[-1]) is not None:
+                _partition(sch, inner[-2])
         for block in epilogue:
-            _vectorize_innermost(sch, block, width, 1)
+            _vectorize_row(sch, block, width)
         for block in in_row:
             kinds = iter_kinds(sch, block)
             if _is_contraction(sch, block) and kinds[rows:] in ("SR", "R"):
                 _shape_contraction(sch, block, width, rows)
             elif is_spatial(sch, block):
-                _vectorize_innermost(sch, block, width, 1)
+                _vectorize_row(sch, block, width)
         return sch
