@@ -369,6 +369,11 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
     if plan is not None:
         row["predicted"] = {k: getattr(plan, k, None) for k in
                             ("predicted_time_s", "baseline_time_s", "predicted_speedup")}
+        try:  # modeled memory traffic of each partition (bytes between kernels, DRAM part)
+            row["predicted"]["bytes"] = {p: plan.modeled_bytes(p)
+                                         for p in ("unfused", "fuseops", "ours")}
+        except Exception as e:  # informative only
+            row["predicted"]["bytes"] = {"error": short(e)}
     for res in results.values():
         if res.times_s:
             res_d = row["contenders"][res.name]
@@ -420,7 +425,8 @@ def markdown(rows: list[dict], info: dict, args) -> str:
            f"ms (min–max). n/t: not timed; skip: contender unavailable (see notes). "
            f"Errors: max |x - ort| and that over max |ort|.\n"]
     present = [c for c in CONTENDERS if any(c in r["contenders"] for r in rows)]
-    head = ["model", "kernels unfused/FuseOps/ours", "pred. ms ours/FuseOps", "pred. speedup",
+    head = ["model", "kernels unfused/FuseOps/ours", "modeled traffic MB unfused/FuseOps/ours",
+            "pred. ms ours/FuseOps", "pred. speedup",
             *[f"{c} ms" for c in present], "meas. speedup vs fuseops", "compile s ours/fuseops",
             "err ours abs/rel"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -437,8 +443,12 @@ def markdown(rows: list[dict], info: dict, args) -> str:
                         for c in (ours, fuse))
         err = "–" if ours.get("max_abs_err") is None else \
             f"{ours['max_abs_err']:.1e}/{ours['max_rel_err']:.1e}"
+        nbytes = pred.get("bytes") or {}
+        traffic = "/".join("–" if not isinstance(nbytes.get(p), dict) else
+                           f"{nbytes[p]['traffic'] / 1e6:.3g}"
+                           for p in ("unfused", "fuseops", "ours"))
         out.append("| " + " | ".join([
-            r["model"], kern,
+            r["model"], kern, traffic,
             f"{_ms(pred.get('predicted_time_s'))}/{_ms(pred.get('baseline_time_s'))}",
             "–" if pspeed is None else f"{pspeed:.2f}x",
             *[_lat(cs[c]) if c in cs else "–" for c in present], speed, comp, err]) + " |")

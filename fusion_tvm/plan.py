@@ -81,6 +81,33 @@ class FusionPlan:
             return None
         return self.fuseops_time_s / self.predicted_time_s
 
+    def modeled_bytes(self, partition: str = "ours") -> dict[str, float] | None:
+        """Bytes the cost model moves for a partition: ``traffic`` (every kernel's external
+        inputs and published outputs, i.e. what goes through memory between kernels) and
+        ``dram`` (the part too large for the last-level cache).
+
+        ``partition`` is ``"ours"``, ``"fuseops"`` or ``"unfused"``; None when that partition
+        or the model is unavailable.
+        """
+        if self.cost_model_obj is None or not self.blocks:
+            return None
+        from .search import singletons
+
+        total = {"traffic": 0.0, "dram": 0.0}
+        for block in self.blocks:
+            groups = {"ours": block.groups, "fuseops": block.fuseops_groups,
+                      "unfused": singletons(block.graph)}[partition]
+            if groups is None:
+                return None
+            for g in groups:
+                if not is_kernel(block.graph, g):
+                    continue
+                cost = self.cost_model_obj.estimate(block.graph, g)
+                moved = cost.detail.get("in_bytes", 0.0) + cost.detail.get("out_bytes", 0.0)
+                total["traffic"] += moved or cost.dram_bytes
+                total["dram"] += cost.dram_bytes
+        return total
+
     # ----------------------------------------------------------------- output
     def to_json(self) -> dict:
         """A JSON-ready summary (groups included, graphs left out)."""

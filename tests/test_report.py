@@ -82,6 +82,23 @@ def test_layout_boxes_do_not_overlap(plan):
             assert box.x <= x < box.x + box.w and box.y <= y < box.y + box.h
 
 
+def test_modeled_bytes(plan):
+    """Fusion keeps intermediates on chip: fewer bytes between kernels than one op a kernel,
+    and our partition's traffic equals the sum of its kernels' external inputs and outputs."""
+    ours, fuseops, unfused = (plan.modeled_bytes(p) for p in ("ours", "fuseops", "unfused"))
+    assert 0 < ours["traffic"] < unfused["traffic"]
+    assert 0 < fuseops["traffic"] < unfused["traffic"]
+    assert all(0 <= b["dram"] <= b["traffic"] for b in (ours, fuseops, unfused))
+    direct = 0.0
+    for block in plan.blocks:
+        for g in block.groups:
+            if len(g) > 1 or block.graph.nodes[min(g)].info is not None and \
+                    not block.graph.nodes[min(g)].is_view:
+                d = plan.cost_model_obj.estimate(block.graph, g).detail
+                direct += d["in_bytes"] + d["out_bytes"]
+    assert ours["traffic"] == pytest.approx(direct)
+
+
 def test_text_report(plan):
     text = render_text(plan)
     assert plan.table() in text
