@@ -169,8 +169,16 @@ class Conv2d(ScheduleRule):
 def _epilogue_at(sch: s_tir.Schedule, acc, loop, vec: int, hw: HardwareSpec) -> None:
     """Compute the consumers of the accumulator tile under ``loop``, in dataflow order."""
     frontier = list(sch.get_consumers(acc))
+    rank = len(sch.get(acc).writes[0].region)
     while frontier:
         block = frontier.pop(0)
+        writes = sch.get(block).writes
+        if len(writes) != 1 or len(writes[0].region) != rank:
+            # A layout change (to/from NCHW[b]c) reads the tile permuted: computed per tile
+            # it read channels the tile had not finished (MobileNetV2, wrong results).
+            parallel_vectorize(sch, block, hw)
+            frontier.extend(sch.get_consumers(block))
+            continue
         try:
             sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
         except ScheduleError:
