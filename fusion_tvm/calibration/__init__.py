@@ -26,27 +26,31 @@ from ..cost_models.presets import get_hardware
 from ._timing import RemoteRunner, Runner, TimingConfig
 from .micro import CalibrationResult, run_calibration
 
-__all__ = ["CalibrationResult", "calibrate", "calibrate_full", "cli_main", "make_runner"]
+__all__ = ["CalibrationResult", "TimingConfig", "calibrate", "calibrate_full", "cli_main",
+           "make_runner"]
 
 
 def make_runner(hw: HardwareSpec, target: str = "llvm", thorough: bool = False,
-                session=None) -> Runner:
-    """A local runner, or a remote one over ``session`` (a ``tvm.rpc`` session)."""
+                session=None, timing: TimingConfig | None = None) -> Runner:
+    """A local runner, or a remote one over ``session`` (a ``tvm.rpc`` session); ``timing``
+    overrides the quick / thorough repetitions."""
     import tvm
 
     if target != "llvm":
         raise ValueError(f"calibration supports the llvm target, not '{target}'")
     tgt = tvm.target.Target(dict(hw.target))
-    timing = TimingConfig.thorough() if thorough else TimingConfig.quick()
+    timing = timing or (TimingConfig.thorough() if thorough else TimingConfig.quick())
     return RemoteRunner(session, tgt, timing) if session is not None else Runner(tgt, timing)
 
 
 def calibrate_full(hw: str | HardwareSpec = "host", target: str = "llvm", thorough: bool = False,
                    session=None, log=None, rules: bool = True,
-                   transcendental: bool = False) -> CalibrationResult:
-    """:func:`calibrate` returning every measurement as well as the spec."""
+                   transcendental: bool = False,
+                   timing: TimingConfig | None = None) -> CalibrationResult:
+    """:func:`calibrate` returning every measurement as well as the spec (``timing``: time
+    with these repetitions, e.g. the ones the kernels to predict are timed with)."""
     base = get_hardware(hw)
-    runner = make_runner(base, target, thorough, session)
+    runner = make_runner(base, target, thorough, session, timing)
     try:
         return run_calibration(runner, base, thorough, log, rules, transcendental)
     finally:
