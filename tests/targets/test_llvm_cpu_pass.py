@@ -63,7 +63,10 @@ def test_backend_registered():
     assert backend.default_hardware == "host"
     rules = [r.name for r in backend.schedule_rules(HW)]
     assert rules[-1] == "fallback"
-    assert rules[:2] == ["matmul", "conv2d"]
+    # most specific first: the chained-contraction and blocked-layout templates before the
+    # generic matmul / conv ones, the catch-all last
+    assert rules == ["attention", "conv2d_nchwc", "matmul", "conv2d", "reduction",
+                     "elementwise", "fallback"]
 
 
 def test_input_not_mutated_and_attrs_set():
