@@ -36,7 +36,13 @@ from ._util import (
     root_blocks,
     static_extent,
 )
-from .reduction import _row_local, _shared_rows, _vectorize_innermost
+from .reduction import (
+    _rfactor_rows,
+    _row_local,
+    _shared_rows,
+    _vectorize_innermost,
+    _vectorize_partials,
+)
 
 #: Loop annotation read by TVM's LoopPartition pass: the loop is split into a guard-free
 #: body and a tail. A vector loop over a symbolic extent otherwise keeps its bound check
@@ -84,24 +90,6 @@ def _named(sch: s_tir.Schedule, name: str) -> list[SBlockRV]:
         return []
 
 
-def _rfactor_row(sch: s_tir.Schedule, block: SBlockRV, width: int) -> SBlockRV | None:
-    """Split a row reduction (max / sum over keys) into ``width`` vector partial results,
-    also for a symbolic or indivisible row length: a lane past the row's end keeps the
-    reduction's identity. Returns the rf block, or None when the row is too short."""
-    loops = sch.get_loops(block)
-    kinds = iter_kinds(sch, block)
-    if kinds.count("R") != 1 or kinds[-1] != "R":
-        return None
-    extent = static_extent(sch, loops[-1])
-    if extent is not None and extent < 2 * width:
-        return None
-    _, inner = sch.split(loops[-1], [None, width])
-    try:
-        return sch.rfactor(inner, factor_axis=len(kinds) - 1)
-    except ScheduleError:
-        return None
-
-
 def _is_contraction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """A reduction block of the form ``acc += a * b`` over two distinct buffers."""
     stmt = sch.get(block)
@@ -142,8 +130,14 @@ REG_TILE = 4
 ROW_TILE = 4
 
 
+def _multiple_of(extent, factor: int) -> bool:
+    """Whether a (possibly symbolic) loop extent is provably a multiple of ``factor``."""
+    return bool(tvm.sym.Analyzer().can_prove(tirx.floormod(extent, factor) == 0))
+
+
 def _shape_contraction(
-    sch: s_tir.Schedule, block: SBlockRV, width: int, rows: int, first: int = 1
+    sch: s_tir.Schedule, block: SBlockRV, width: int, rows: int, first: int = 1,
+    peel: bool = True,
 ) -> None:
     """Inside a block of query rows: loops (column block, reduction, row, column tile,
     vector), the row and column-tile loops unrolled.
@@ -169,24 +163,33 @@ def _shape_contraction(
     if reduce_loop is None or col_loop is None:
         return
     extent = static_extent(sch, col_loop)
-    if extent is not None and extent > width and extent % width:
+    tile = REG_TILE if row_loop is None else max(1, REG_TILE // 2)
+    span = sch.get(col_loop).extent
+    tiles = _multiple_of(span, tile * width) and (extent is None or extent >= tile * width)
+    if peel and not tiles and extent is not None and extent > tile * width:
+        # Register tiles over the columns a whole tile covers, vectors over the rest:
+        # partitioned with the column loop outermost, so the rows stay inside each part.
+        # (loop_partition refuses symbolic extents.)
         with contextlib.suppress(ScheduleError):
-            for part in _peel(sch, col_loop, extent, width):
+            if row_loop is not None:
+                sch.reorder(col_loop, row_loop)
+            main = tirx.floordiv(span, tile * width) * (tile * width)
+            for part in sch.loop_partition(col_loop, [main, None]):
                 for blk in sch.get_child_blocks(part):  # below an opaque block
-                    _shape_contraction(sch, blk, width, rows, first=0)
+                    _shape_contraction(sch, blk, width, rows, first=0, peel=False)
         return
     with contextlib.suppress(ScheduleError):
-        tile = REG_TILE if row_loop is None else max(1, REG_TILE // 2)
         lead = [] if row_loop is None else [row_loop]
-        if extent is not None and extent % (tile * width) == 0 and extent >= tile * width:
+        if tiles:
             outer, tiled, vec = sch.split(col_loop, [None, tile, width])
             sch.reorder(outer, reduce_loop, *lead, tiled, vec)
             sch.unroll(tiled)
         elif extent is None:
-            # Symbolic keys: register tiles over the guard-free part, the tail peeled off.
-            outer, tiled, vec = sch.split(col_loop, [None, tile, width])
-            sch.reorder(outer, reduce_loop, *lead, tiled, vec)
-            sch.unroll(tiled)
+            # Symbolic keys: vectors, their tail peeled off by LoopPartition. A register tile
+            # of several vectors would leave up to tile * width - 1 columns to the scalar
+            # tail (all of them at S = 16), and loop_partition refuses symbolic extents.
+            outer, vec = sch.split(col_loop, [None, width])
+            sch.reorder(outer, reduce_loop, *lead, vec)
             _partition(sch, outer)
         else:
             vec = col_loop
@@ -247,6 +250,21 @@ class Attention(ScheduleRule):
         if rows == 0 or not _row_local(sch, in_row, rows):
             return None
         width = lanes(hw, dtype_bits(sch, in_row[-1]))
+        # Row reductions as vector partials: an IEEE max / sum chain is not vectorised by
+        # LLVM and runs at one element per add latency. Only for rows a multiple of the
+        # vector width: rfactor needs the block at the root, so the split comes before
+        # compute_at, and a guarded split there widened the producers' regions past the
+        # row (NaN results at S = 77). Symbolic rows keep scalar reductions.
+        partials = []
+        for block in in_row:
+            if _is_row_reduction(sch, block):
+                rf = _rfactor_rows(sch, block, width)
+                if rf is not None:
+                    partials.append(sch.get(rf))
+        if partials:
+            others = [*shared_stmts, *(sch.get(b) for b in epilogue)]
+            in_row = [b for b in root_blocks(sch)
+                      if not any(sch.get(b).same_as(o) for o in others)]
         outputs = [sch.get(b) for b in sch.get_output_blocks(sch.get_sblock("root"))]
         anchor = in_row[-1]
         if any(sch.get(b).same_as(o) for b in in_row[:-1] for o in outputs):
@@ -265,9 +283,24 @@ class Attention(ScheduleRule):
             # A query count that is symbolic or not a multiple of it ends in a partial block
             # (a row guard outside the vector loops, which stay vectorised).
             outer[-1], _ = sch.split(outer[-1], [None, ROW_TILE])
-        row = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        if hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 256):
-            sch.parallel(row)
+        heads = 1
+        for ext in extents[:-1]:
+            heads = heads * ext if ext is not None and heads is not None else None
+        parallel = hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 256)
+        if extents[-1] is None and len(outer) > 1 and heads is not None \
+                and heads >= hw.num_cores:
+            # Symbolic query rows: parallel over (batch, head), the row blocks a serial loop
+            # whose partial last block LoopPartition peels off, so the full blocks run
+            # without a row guard around every vector update.
+            bh = sch.fuse(*outer[:-1]) if len(outer) > 2 else outer[0]
+            if parallel:
+                sch.parallel(bh)
+            row = outer[-1]
+            _partition(sch, row)
+        else:
+            row = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+            if parallel:
+                sch.parallel(row)
         for block in reversed(in_row[:-1]):
             sch.compute_at(block, row, preserve_unit_loops=True)
         for block in epilogue:
@@ -281,7 +314,13 @@ class Attention(ScheduleRule):
             _vectorize_row(sch, block, width)
         for block in in_row:
             kinds = iter_kinds(sch, block)
-            if _is_contraction(sch, block) and kinds[rows:] in ("SR", "R"):
+            if any(sch.get(block).same_as(p) for p in partials):
+                name = sch.get(block).name_hint
+                _vectorize_partials(sch, block, width)
+                for blk in (block, *_named(sch, name + "_init")):
+                    with contextlib.suppress(ScheduleError):
+                        _partition(sch, sch.get_loops(blk)[-2])
+            elif _is_contraction(sch, block) and kinds[rows:] in ("SR", "R"):
                 _shape_contraction(sch, block, width, rows)
             elif is_spatial(sch, block):
                 _vectorize_row(sch, block, width)
