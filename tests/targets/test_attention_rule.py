@@ -63,7 +63,8 @@ def test_symbolic_sequence_matches_unfused(causal):
 
 @pytest.mark.parametrize("seq", [77, 197])
 def test_static_rows_not_a_multiple_of_the_row_block(seq):
-    """Query rows in blocks of 4 plus a partial block; keys in vectors plus a peeled tail."""
+    """Static rows that are not a multiple of the row block (4) nor of the vector width: the
+    key loops peeled into vectors plus a tail; equal to the unscheduled function."""
     from fusion_tvm.cost_models import get_hardware
     from fusion_tvm.targets.llvm_cpu.attention import Attention
 
