@@ -26,6 +26,7 @@ from .cost_models.presets import get_hardware
 from .errors import UnknownNameError
 from .legality import FusionKinds
 from .passes.combine_siblings import combine_siblings
+from .passes.expand_small_powers import ExpandSmallPowers
 from .passes.fast_math import FastMath
 from .passes.fuse_by_cost_model import FuseByCostModel
 from .passes.mark_noalias import MarkShapeFuncsNoAlias
@@ -74,6 +75,7 @@ def prepare_passes(
         relax.transform.DecomposeOpsForInference(),
         *siblings,
         SplitToSlices(),
+        ExpandSmallPowers(),  # x**2, x**3 as multiplies (powf is a scalar libm call)
         relax.transform.CanonicalizeBindings(),
         *layout,
         # vectorisable exp / erf / tanh (polynomial, ~1e-7 relative error) instead of

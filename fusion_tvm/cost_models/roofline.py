@@ -133,6 +133,19 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
     return sum(1 for e in elems if e >= PARALLEL_MIN_ELEMENTS)
 
 
+def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
+    """Reads per element of input ``k`` of ``node`` in a row-wise (reduction rule) kernel.
+
+    An input smaller than the output is broadcast; the rule only accepts groups whose
+    intermediates are indexed by the row (``_row_local``), so the broadcast is along the
+    in-row axes and the value is computed once per row, outside the column loop.
+    """
+    reuse = node.reuse(k, graph.dims)
+    size = math.prod(_dims_of(graph, tid))
+    out = math.prod(_dims_of(graph, node.outputs[0]))
+    return min(reuse, 1.0) if size < out else reuse
+
+
 def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> str:
     """The schedule rule expected to handle ``group`` (backend's answer when it has one)."""
     if backend is not None and hasattr(backend, "rule_for_group"):
@@ -218,6 +231,11 @@ class RooflineCostModel(CostModel):
             return Cost(0.0, reason="view (reshape, no kernel)")
 
         # Multiplicity of each member: inlined producers run once per read.
+        rule = rule_for_group(graph, group, self.backend)
+        # The reduction rule runs the chain row by row: a producer of a reduction stays a
+        # block whose row is kept in cache (not inlined, runs once), and a per-row value
+        # read by an in-row broadcast is loop-invariant in the column loop (hoisted).
+        rowwise = rule == "reduction"
         mult: dict[int, float] = {}
         published: list[int] = []
         internal_bytes = 0.0
@@ -232,12 +250,14 @@ class RooflineCostModel(CostModel):
             inlinable = node.pattern <= PatternKind.INJECTIVE and node.op_class in (
                 OpClass.ELEMENTWISE, OpClass.TRANSCENDENTAL,
             )
-            if inside and inlinable:
+            kept = rowwise and any(graph.nodes[c].is_reduction for c in inside)
+            if inside and inlinable and not kept:
                 m = 0.0
-                for c in inside:
+                for c in dict.fromkeys(inside):  # x * x lists its producer twice
                     cnode = graph.nodes[c]
                     reads = sum(
-                        cnode.reuse(k, dims) for k, tid in enumerate(cnode.inputs) if tid == out
+                        _row_reads(graph, cnode, k, tid) if rowwise else cnode.reuse(k, dims)
+                        for k, tid in enumerate(cnode.inputs) if tid == out
                     )
                     m += mult[c] * reads
                 mult[n] = m + (1.0 if external else 0.0)
@@ -256,7 +276,6 @@ class RooflineCostModel(CostModel):
         for n in members:
             for cls, f in graph.nodes[n].flops(dims).items():
                 flops[cls] = flops.get(cls, 0.0) + f * mult[n]
-        rule = rule_for_group(graph, group, self.backend)
         conv = "row"
         if rule == "conv2d" and hw.kind is DeviceKind.CPU:
             conv = _conv_kind(graph, group, hw)
