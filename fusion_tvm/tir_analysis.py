@@ -185,8 +185,11 @@ def _count(expr, ops: dict[OpClass, int], loads: dict[str, int], seen: set) -> N
 
 
 def _small_integer_exponent(expr) -> bool:
+    """Exponents LLVM's pow simplification expands (1, x, x * x); any other ``pow`` stays a
+    scalar libm call (``pow(x, 3)``: 7.4 ms against 0.34 ms as multiplies on 1x128x3072).
+    ``ExpandSmallPowers`` rewrites the Relax ones up to 4 before legalization."""
     value = getattr(expr.value if isinstance(expr, tirx.Cast) else expr, "value", None)
-    return isinstance(value, (int, float)) and float(value).is_integer() and 0 <= value <= 4
+    return isinstance(value, (int, float)) and float(value).is_integer() and 0 <= value <= 2
 
 
 def _is_contraction(store, num_reduce: int) -> bool:

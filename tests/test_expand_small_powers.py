@@ -153,3 +153,21 @@ def _calls(func):
     relax.analysis.post_order_visit(func, lambda n: found.append(n) if isinstance(n, relax.Call)
                                     else None)
     return found
+
+
+def test_a_pow_left_in_tir_is_priced_as_transcendental_unless_llvm_expands_it():
+    """``pow(x, 2)`` becomes ``x * x`` in LLVM; ``pow(x, 3)`` stays a libm call."""
+    from fusion_tvm.cost_models.hardware import OpClass
+    from fusion_tvm.tir_analysis import analyze_primfunc
+
+    def power(c):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((64,), "float32"))
+        with bb.function("main", [x]):
+            bb.emit_func_output(bb.emit(relax.op.power(x, relax.const(c, "float32"))))
+        mod = relax.transform.LegalizeOps()(bb.get())
+        (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+        return analyze_primfunc(func)
+
+    assert power(2.0).op_class is OpClass.ELEMENTWISE
+    assert power(3.0).op_class is OpClass.TRANSCENDENTAL
