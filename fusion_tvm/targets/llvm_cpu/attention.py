@@ -9,6 +9,13 @@ cache, then multiplied by V. Scores never go to DRAM. Operands read by every row
 V after their transposes) are materialised once, before the row loop, in the layout the
 row loop reads contiguously.
 
+A symbolic sequence length keeps blocks of 4 query rows: the row loop runs serially
+under a parallel (batch, head) loop and TVM's LoopPartition peels its partial last block;
+key loops are split by the SIMD width with their tail peeled the same way (a guarded
+vector loop is otherwise scalarised). Static lengths that are not a multiple of the vector
+width get the same split from ``loop_partition``. Row reductions become vector partials
+only for rows a multiple of the width; symbolic ones stay scalar.
+
 The schedule is row-wise, not flash-style: TIR schedule primitives cannot rewrite softmax
 into its online (running max / rescaled accumulator) form, so a row holds all ``S``
 scores (4 S bytes; L1-resident up to S ~ 8k).
