@@ -38,8 +38,9 @@ DEFAULT_RULE_EFFICIENCY = {
 }
 
 
-#: Thresholds of the LLVM-CPU templates (``targets/llvm_cpu/_util.py``), mirrored here so
-#: the model charges the thread pool to the kernels the templates actually parallelise:
+#: Generic thresholds for a CPU backend without a ``parallel_regions`` hook (the LLVM-CPU
+#: backend answers itself from the HardwareSpec, ``targets/llvm_cpu/parallel.py``), so
+#: the model charges the thread pool to the kernels that are likely parallelised:
 #: spatial blocks of at least this many elements (elementwise, fallback, conv padding) ...
 PARALLEL_MIN_ELEMENTS = 1 << 14
 #: ... GEMM tiles of at least this many FLOPs ...
@@ -100,14 +101,16 @@ def _conv_kind(graph: FusionGraph, group, hw) -> str:
 
 def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
                      flops: Mapping[OpClass, float], published: list[int]) -> int:
-    """Thread-pool fork/joins of the kernel the CPU templates make of ``group``.
+    """Thread-pool fork/joins of the kernel a CPU backend makes of ``group``.
 
-    Mirrors the LLVM-CPU rules: conv2d always runs its output rows in parallel, plus one
-    parallel weight repack when the output rows are too narrow to vectorise (width not a
-    multiple of 4); matmul packs B in parallel when A has many row tiles, and runs its tiles in
-    parallel from ``PARALLEL_MIN_FLOPS``; a reduction runs its rows in parallel from
-    ``PARALLEL_MIN_ROW_ELEMENTS``; elementwise and fallback kernels run each output block in
-    parallel from ``PARALLEL_MIN_ELEMENTS``. Zero on one core and off the CPU.
+    The generic answer, for backends without a ``parallel_regions`` hook (the LLVM-CPU
+    backend has one) and for its conv2d kernels: conv2d always runs its output rows in
+    parallel, plus one parallel weight repack when the output rows are too narrow to
+    vectorise (width not a multiple of 4); matmul packs B in parallel when A has many row
+    tiles, and runs its tiles in parallel from ``PARALLEL_MIN_FLOPS``; a reduction runs its
+    rows in parallel from ``PARALLEL_MIN_ROW_ELEMENTS``; elementwise and fallback kernels
+    run each output block in parallel from ``PARALLEL_MIN_ELEMENTS``. Zero on one core and
+    off the CPU.
     """
     if hw.num_cores <= 1 or hw.kind is not DeviceKind.CPU:
         return 0

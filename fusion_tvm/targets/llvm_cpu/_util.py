@@ -11,11 +11,11 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
+from .parallel import elementwise_seconds, parallel_pays
 
-#: Below this many output elements a kernel is not worth waking the thread pool for.
+#: Below this many output elements a kernel is not worth waking the thread pool for. Only
+#: the attention rule still uses it; the others ask :func:`parallel.parallel_pays`.
 MIN_PARALLEL_ELEMENTS = 1 << 14
-#: Same threshold for compute-bound kernels, in FLOPs (~20 us of one core's work).
-MIN_PARALLEL_FLOPS = 1 << 21
 
 
 def lanes(hw: HardwareSpec, dtype_bits: int) -> int:
@@ -110,19 +110,27 @@ NO_VECTOR_LOWERING = frozenset({"tirx.cosh", "tirx.sinh"})
 
 def _calls(node, names: frozenset, depth: int = 0) -> bool:
     """Whether the expression/statement tree under ``node`` calls an op in ``names``."""
+    return count_calls(node, names, depth, first=True) > 0
+
+
+def count_calls(node, names: frozenset, depth: int = 0, first: bool = False) -> int:
+    """Calls of ops in ``names`` in the tree under ``node`` (stops at the first with
+    ``first``)."""
     if depth > 200 or node is None:
-        return False
+        return 0
     if isinstance(node, tvm.ir.expr.Call) and getattr(node.op, "name", "") in names:
-        return True
+        return 1
+    total = 0
     for field in ("value", "a", "b", "args", "condition", "true_value", "false_value", "body",
                   "seq", "then_case", "else_case", "block"):
         child = getattr(node, field, None)
-        if isinstance(child, Sequence):
-            if any(_calls(c, names, depth + 1) for c in child):
-                return True
-        elif isinstance(child, (tirx.Stmt, tvm.ir.expr.Expr)) and _calls(child, names, depth + 1):
-            return True
-    return False
+        kids = child if isinstance(child, Sequence) else [child]
+        for c in kids:
+            if isinstance(c, (tirx.Stmt, tvm.ir.expr.Expr)):
+                total += count_calls(c, names, depth + 1, first)
+                if first and total:
+                    return total
+    return total
 
 
 #: Intrinsics too costly to recompute: a producer calling them is not inlined into an
@@ -179,7 +187,6 @@ def parallel_vectorize(
         return
     max_lanes = lanes(hw, dtype_bits(sch, block))
     extents = [static_extent(sch, lp) for lp in loops]
-    big = None in extents or math.prod(extents) >= MIN_PARALLEL_ELEMENTS
     inner, extent = loops[-1], extents[-1]
     outer_loops = loops[:-1]
     vec = None
@@ -191,10 +198,33 @@ def parallel_vectorize(
             outer_loops = [outer]
     elif extent >= 4:
         vec = inner
-    if parallel and big and hw.num_cores > 1 and outer_loops:
+    if parallel and outer_loops and _spatial_pays(sch, block, hw, extents):
         par = sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0]
         with contextlib.suppress(ScheduleError):
             sch.parallel(par)
     if vec is not None and vector_friendly(sch, block):
         with contextlib.suppress(ScheduleError):
             sch.vectorize(vec)
+
+
+def _spatial_pays(
+    sch: s_tir.Schedule, block: SBlockRV, hw: HardwareSpec, extents: list[int | None]
+) -> bool:
+    """Whether the outer loops of the spatial nest ``block`` (loop ``extents``) run in
+    parallel: its serial time (elements, bytes moved, transcendental calls) against the
+    thread pool's fork/join (:func:`parallel.parallel_pays`)."""
+    if None in extents:
+        return parallel_pays(hw, None)
+    elements = math.prod(extents)
+    stmt = sch.get(block)
+    moved = 0.0
+    for region in (*stmt.reads, *stmt.writes):
+        buf = region.source
+        shape = [int(d.value) if isinstance(d, tirx.IntImm) else None for d in buf.shape]
+        size = elements if None in shape else min(math.prod(shape), elements)
+        moved += size * buf.dtype.bits / 8
+    calls = count_calls(stmt.body, EXPENSIVE_INTRINSICS)
+    lanes_ = lanes(hw, dtype_bits(sch, block))
+    chunks = math.prod(extents[:-1]) if len(extents) > 1 else -(-extents[-1] // lanes_)
+    work = elementwise_seconds(hw, elements, moved / max(1, elements), calls)
+    return parallel_pays(hw, work, chunks)

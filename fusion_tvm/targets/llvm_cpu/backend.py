@@ -17,6 +17,7 @@ from .efficiency import EFFICIENCY
 from .elementwise import Elementwise
 from .fallback import Fallback
 from .matmul import Matmul
+from .parallel import group_parallel_regions
 from .reduction import Reduction
 
 #: Activation layouts for convolutions: blocked NCHW[b]c, or the model's own.
@@ -56,6 +57,11 @@ class LLVMCPUBackend(Backend):
     def rule_efficiency(self) -> dict[str, float]:
         """Measured fraction of the roofline each rule reaches (see ``efficiency.py``)."""
         return dict(EFFICIENCY)
+
+    def parallel_regions(self, graph, group: frozenset[int], rule: str, hw: HardwareSpec) -> int:
+        """Parallel loops the rules give ``group``'s kernel: the cost model charges a
+        fork/join for each (the same decision as the rules, see ``parallel.py``)."""
+        return group_parallel_regions(graph, group, rule, hw)
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""

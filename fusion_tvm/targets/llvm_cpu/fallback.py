@@ -9,8 +9,10 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
+from ...ops import OpClass
 from ..base import ScheduleRule
-from ._util import MIN_PARALLEL_ELEMENTS, inline_spatial, is_spatial, parallel_vectorize
+from ._util import inline_spatial, is_spatial, parallel_vectorize
+from .parallel import parallel_pays, serial_seconds
 
 
 class Fallback(ScheduleRule):
@@ -59,11 +61,20 @@ def _parallel_leading_spatial(sch: s_tir.Schedule, block, hw: HardwareSpec) -> N
         lead.append(loop)
     if not lead:
         return
-    work = 1
-    for loop in sch.get_loops(block):
-        ext = sch.get(loop).extent
-        work = work * int(ext.value) if isinstance(ext, tirx.IntImm) else MIN_PARALLEL_ELEMENTS
-    if work < MIN_PARALLEL_ELEMENTS:
+    def product(loops):
+        total = 1
+        for loop in loops:
+            ext = sch.get(loop).extent
+            if not isinstance(ext, tirx.IntImm):
+                return None
+            total *= int(ext.value)
+        return total
+
+    # The whole iteration space, one reduction step per point, at the fallback's efficiency.
+    work = product(sch.get_loops(block))
+    work_s = None if work is None else \
+        serial_seconds(hw, {OpClass.REDUCTION: work}, 4.0 * work, "fallback")
+    if not parallel_pays(hw, work_s, product(lead)):
         return
     with contextlib.suppress(ScheduleError):
         fused = sch.fuse(*lead) if len(lead) > 1 else lead[0]

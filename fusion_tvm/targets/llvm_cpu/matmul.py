@@ -33,7 +33,6 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
-    MIN_PARALLEL_FLOPS,
     inline_spatial,
     is_cheap,
     is_reduction,
@@ -45,6 +44,7 @@ from ._util import (
     static_extent,
     vector_friendly,
 )
+from .parallel import matmul_tile_pays, pack_pays
 
 #: Row tiles that must share each packed B panel for packing a row-major B to pay off.
 PACK_MIN_ROW_TILES = 12
@@ -134,6 +134,40 @@ def _b_j_contiguous(block: tirx.stmt.SBlock) -> bool:
     c_vars = {v for r in block.writes[0].region for v in tirx.analysis.undefined_vars(r.min)}
     last = block.reads[1].region[-1].min
     return isinstance(last, tirx.Var) and last in c_vars and last not in a_vars
+
+
+def _chain_keeps_last_axis(sch: s_tir.Schedule, block: SBlockRV, index: int) -> bool:
+    """Whether the spatial chain feeding read ``index`` of ``block`` (the chain
+    :func:`_inline_operand` would inline) reads every input along its own innermost axis.
+
+    A transpose in the chain does not: inlined, it turns a contiguous row of B into a
+    gather with a stride of a whole row (``fused_transpose1_transpose2_matmul1`` of ViT,
+    29 us against 1 us predicted).
+    """
+    pending = [(block, sch.get(block).reads[index].source)]
+    seen = 0
+    while pending and seen < 16:
+        consumer, source = pending.pop()
+        feeding = [
+            p
+            for p in sch.get_producers(consumer)
+            if any(w.source.same_as(source) for w in sch.get(p).writes)
+        ]
+        if len(feeding) != 1 or not is_spatial(sch, feeding[0]):
+            continue
+        seen += 1
+        stmt = sch.get(feeding[0])
+        if len(stmt.writes) != 1:
+            return False
+        last = stmt.writes[0].region[-1].min
+        for read in stmt.reads:
+            extent = read.source.shape[-1] if len(read.source.shape) else 1
+            if isinstance(extent, tirx.IntImm) and extent.value == 1:
+                continue  # a broadcast along the innermost axis reads one element
+            if not read.region[-1].min.same_as(last):
+                return False
+            pending.append((feeding[0], read.source))
+    return True
 
 
 def _largest_divisor(extent: int, cap: int) -> int:
@@ -276,7 +310,8 @@ class Matmul(ScheduleRule):
             if is_spatial(sch, b) and any(w.source.same_as(a_buffer) for w in sch.get(b).writes)
         ]
         main_stmt = sch.get(main)
-        b_contiguous = _b_j_contiguous(main_stmt)
+        # B read in place must stay contiguous along j once its producers are inlined.
+        b_contiguous = _b_j_contiguous(main_stmt) and _chain_keeps_last_axis(sch, main, 1)
         bits = int(main_stmt.writes[0].source.dtype.bits)
 
         inner_i, inner_j = _fused_inner_extents(main_stmt)
@@ -350,7 +385,11 @@ class Matmul(ScheduleRule):
                 p_s, p_j, p_k = pack_loops
                 p_jo, p_ji = sch.split(p_j, [None, nr])
                 sch.reorder(p_s, p_jo, p_k, p_ji)
-            sch.parallel(sch.fuse(p_s, p_jo))
+            panels = sch.fuse(p_s, p_jo)
+            sizes = [static_extent(sch, lp) for lp in (panels, p_k)]
+            elements = None if None in sizes else sizes[0] * sizes[1] * nr
+            if pack_pays(hw, elements, bits, sizes[0]):
+                sch.parallel(panels)
             if vector_friendly(sch, packed, tiled=True):
                 with contextlib.suppress(ScheduleError):
                     sch.vectorize(p_ji)
@@ -376,7 +415,7 @@ class Matmul(ScheduleRule):
             tile = sch.fuse(batch, io, jo)
         extents = [static_extent(sch, lp) for lp in (tile, ii, ji, k)]
         flops = None if None in extents else 2 * extents[0] * extents[1] * extents[2] * extents[3]
-        if hw.num_cores > 1 and (flops is None or flops >= MIN_PARALLEL_FLOPS):
+        if matmul_tile_pays(hw, flops, extents[0]):
             sch.parallel(tile)
         acc = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(acc, tile, preserve_unit_loops=True)
@@ -483,7 +522,7 @@ def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule 
     tile = sch.fuse(*others, jo) if others else jo
     k_extent = static_extent(sch, k_loop)
     flops = None if n is None or k_extent is None else 2 * n * k_extent
-    if hw.num_cores > 1 and (flops is None or flops >= MIN_PARALLEL_FLOPS):
+    if matmul_tile_pays(hw, flops, static_extent(sch, tile)):
         sch.parallel(tile)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, tile, preserve_unit_loops=True)

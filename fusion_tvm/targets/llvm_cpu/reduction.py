@@ -11,6 +11,7 @@ IEEE-exact scalar reduction chain otherwise runs at one add per FMA latency).
 from __future__ import annotations
 
 import contextlib
+import math
 
 import tvm
 import tvm_ffi
@@ -20,7 +21,6 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
-    MIN_PARALLEL_ELEMENTS,
     dtype_bits,
     inline_spatial,
     is_reduction,
@@ -32,6 +32,7 @@ from ._util import (
     static_extent,
     vector_friendly,
 )
+from .parallel import reduction_pays
 
 
 def _leading_spatial(sch: s_tir.Schedule, block: SBlockRV) -> int:
@@ -169,7 +170,10 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
     total = 1
     for ext in extents[:n_spatial]:
         total = total * ext if ext is not None and total is not None else None
-    if hw.num_cores > 1 and (total is None or total >= MIN_PARALLEL_ELEMENTS // 4):
+    rows = None
+    if None not in extents[: n_spatial - 1]:
+        rows = math.prod(extents[: n_spatial - 1])
+    if reduction_pays(hw, None if total is None else total * window, rows):
         sch.parallel(sch.fuse(*loops[: n_spatial - 1]))
     # Every other block (padding, epilogue, a second output) stays a root-level pass: an
     # epilogue moved under the pooled rows would only cover the rows the pool produces.
@@ -229,7 +233,7 @@ class Reduction(ScheduleRule):
         work = None if None in extents else 1
         for ext in extents if work is not None else ():
             work *= ext
-        if hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 4):
+        if reduction_pays(hw, work, static_extent(sch, row)):
             sch.parallel(row)
         if anchor_last:
             for block in reversed(blocks[:-1]):

@@ -1,0 +1,238 @@
+"""When a loop is worth the thread pool: the one parallel decision of the LLVM-CPU rules.
+
+A parallel loop forks and joins TVM's thread pool (``HardwareSpec.parallel_overhead_s``,
+7-27 us measured on the 2-core znver4 machine). A loop runs in parallel only when its
+predicted serial time clearly exceeds that cost and it gives every thread a few chunks.
+The schedule rules ask :func:`parallel_pays` with the work of the loop they shape; the
+roofline cost model asks :func:`group_parallel_regions` (through
+``LLVMCPUBackend.parallel_regions``) with the same work read off the fusion graph, so the
+model charges exactly the fork/joins the rules emit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from tvm import tirx
+
+from ...cost_models.hardware import HardwareSpec
+from ...ops import OpClass
+from .efficiency import EFFICIENCY
+
+#: A loop runs in parallel only when its serial time exceeds this many fork/joins ...
+PARALLEL_WORK_FACTOR = 3.0
+#: ... and it has at least this many iterations per thread.
+MIN_CHUNKS_PER_THREAD = 2
+
+
+def rule_efficiency(hw: HardwareSpec, rule: str, shape_class: str | None = None) -> float:
+    """The calibrated fraction of the roofline ``rule`` reaches (spec, then backend table)."""
+    keys = ([f"{rule}:{shape_class}"] if shape_class else []) + [rule]
+    for key in keys:
+        if key in hw.efficiency:
+            return float(hw.efficiency[key])
+    return float(EFFICIENCY.get(rule, hw.default_efficiency))
+
+
+def serial_seconds(
+    hw: HardwareSpec,
+    flops: Mapping[OpClass, float],
+    nbytes: float = 0.0,
+    rule: str = "elementwise",
+    shape_class: str | None = None,
+) -> float:
+    """Predicted time of ``flops`` / ``nbytes`` on one core.
+
+    The roofline at one core's share of the spec's peak FLOP/s and of the bandwidth of the
+    innermost level one core's share of which holds ``nbytes``, over the rule's efficiency.
+    """
+    cores = max(1, hw.num_cores)
+    compute = sum(f * cores / hw.peak_flops[c] for c, f in flops.items() if f > 0)
+    bandwidth = hw.dram.bandwidth_bytes_per_s
+    for lvl in hw.memory:
+        if nbytes <= lvl.capacity_bytes:
+            bandwidth = lvl.bandwidth_bytes_per_s
+            break
+    memory = nbytes * cores / bandwidth
+    return max(compute, memory) / rule_efficiency(hw, rule, shape_class)
+
+
+def elementwise_seconds(
+    hw: HardwareSpec, elements: float, bytes_per_element: float, calls_per_element: float = 0.0,
+    rule: str = "elementwise",
+) -> float:
+    """Serial time of a spatial loop nest: one op, ``bytes_per_element`` moved and
+    ``calls_per_element`` transcendental calls per output element."""
+    flops = {OpClass.ELEMENTWISE: elements, OpClass.TRANSCENDENTAL: elements * calls_per_element}
+    return serial_seconds(hw, flops, elements * bytes_per_element, rule)
+
+
+def parallel_pays(hw: HardwareSpec, work_s: float | None, chunks: int | None = None) -> bool:
+    """Whether a loop with ``work_s`` seconds of serial work in ``chunks`` iterations
+    should run in parallel (None: symbolic, assumed large)."""
+    if hw.num_cores <= 1:
+        return False
+    if chunks is not None and chunks < MIN_CHUNKS_PER_THREAD * hw.num_cores:
+        return False
+    if work_s is None:
+        return True
+    return work_s > PARALLEL_WORK_FACTOR * hw.parallel_overhead_s
+
+
+def matmul_tile_pays(hw: HardwareSpec, flops: float | None, tiles: int | None) -> bool:
+    """Whether the register tiles of a GEMM (``flops`` in all) run in parallel."""
+    if flops is None:
+        return parallel_pays(hw, None, tiles)
+    cls = "small" if flops < (1 << 21) else "large"
+    return parallel_pays(hw, serial_seconds(hw, {OpClass.MATMUL: flops}, 0.0, "matmul", cls),
+                         tiles)
+
+
+def reduction_pays(hw: HardwareSpec, elements: float | None, rows: int | None,
+                   bytes_per_element: float = 8.0) -> bool:
+    """Whether the rows of a reduction kernel (``elements`` iterations in all) run in
+    parallel."""
+    if elements is None:
+        return parallel_pays(hw, None, rows)
+    work = serial_seconds(hw, {OpClass.REDUCTION: elements}, elements * bytes_per_element,
+                          "reduction")
+    return parallel_pays(hw, work, rows)
+
+
+def pack_pays(hw: HardwareSpec, elements: float | None, bits: int, panels: int | None) -> bool:
+    """Whether packing B (read and written once, ``elements`` in all) runs in parallel."""
+    if elements is None:
+        return parallel_pays(hw, None, panels)
+    return parallel_pays(hw, elementwise_seconds(hw, elements, 2 * bits / 8), panels)
+
+
+# ------------------------------------------------------------------ the cost model's view
+def _dims(graph, tid: int) -> list[float]:
+    from ...tir_analysis import evaluate
+
+    return [float(evaluate(d, graph.dims)) for d in graph.tensors[tid].shape]
+
+
+def _published(graph, group) -> list[int]:
+    out = []
+    for n in sorted(group):
+        for t in graph.nodes[n].outputs[:1]:
+            tensor = graph.tensors[t]
+            if tensor.escapes or not tensor.consumers or \
+                    any(c not in group for c in tensor.consumers):
+                out.append(t)
+    return out
+
+
+def b_transposed(graph, group, node) -> bool:
+    """Whether a layout-changing (injective, not broadcast) op of ``group`` produces the
+    B operand of the contraction ``node``: the matmul rule then packs B."""
+    from ...ops import PatternKind
+
+    if len(node.inputs) < 2:
+        return False
+    pending = [node.inputs[1]]
+    while pending:
+        producer = graph.tensors[pending.pop()].producer
+        if producer is None or producer not in group:
+            continue
+        p = graph.nodes[producer]
+        if p.pattern == PatternKind.INJECTIVE and not p.is_view:
+            return True
+        pending.extend(p.inputs)
+    return False
+
+
+def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: HardwareSpec) -> int:
+    """Parallel loops of the kernel the LLVM-CPU rules make of ``group``.
+
+    Reads the work of each loop off the graph and asks the same questions the rules ask
+    (:func:`parallel_pays` and its wrappers). Convolutions keep the generic count (the conv
+    rules always parallelise their output rows).
+    """
+    from ...cost_models import roofline
+    from ...legality import attention_chain
+    from ...ops import PatternKind
+    from .matmul import derive_tiles
+
+    if hw.num_cores <= 1:
+        return 0
+    dims = graph.dims
+    flops: dict[OpClass, float] = {}
+    for n in group:
+        for cls, f in graph.nodes[n].flops(dims).items():
+            flops[cls] = flops.get(cls, 0.0) + f
+    published = _published(graph, group)
+    outs = [_dims(graph, t) for t in published]
+    elems = [float(math.prod(d)) if d else 1.0 for d in outs]
+    contractions = [n for n in sorted(group) if graph.nodes[n].is_contraction]
+    if rule == "attention" or (contractions and attention_chain(graph, group)
+                               and any(graph.nodes[n].is_reduction for n in group)):
+        # Mirrors attention.py (its own row threshold): one parallel loop over query rows.
+        from ._util import MIN_PARALLEL_ELEMENTS
+
+        shape = _dims(graph, graph.nodes[contractions[-1]].outputs[0]) if contractions else []
+        rows = math.prod(shape[:-1]) if len(shape) > 1 else 0.0
+        return int(rows >= MIN_PARALLEL_ELEMENTS // 256)
+    if rule not in ("matmul", "reduction", "elementwise", "fallback"):
+        return roofline.parallel_regions(graph, group, rule, hw, flops, published)
+    if rule == "matmul":
+        node = next((graph.nodes[n] for n in sorted(group) if graph.nodes[n].is_contraction),
+                    None)
+        if node is None:
+            return roofline.parallel_regions(graph, group, rule, hw, flops, published)
+        c = _dims(graph, node.outputs[0])
+        if len(c) < 2:
+            return roofline.parallel_regions(graph, group, rule, hw, flops, published)
+        m, n_ = int(c[-2]), int(c[-1])
+        batch = int(math.prod(c[:-2])) if len(c) > 2 else 1
+        transposed = b_transposed(graph, group, node)
+        symbolic = [not isinstance(d, (int, tirx.IntImm))
+                    for d in graph.tensors[node.outputs[0]].shape[-2:]]
+        tiles = derive_tiles(hw, 32, None if symbolic[0] else m, None if symbolic[1] else n_,
+                             not transposed)
+        mr, nr = tiles.mr, tiles.nr
+        k = int(round(flops.get(OpClass.MATMUL, 0.0) / max(1.0, 2.0 * batch * m * n_)))
+        count = 0
+        if tiles.pack_b:
+            panels = batch * math.ceil(n_ / nr)
+            count += pack_pays(hw, panels * k * nr, 32, panels)
+        if symbolic[0] or m % mr:  # A padded to whole row tiles: one more spatial pass
+            rows = batch * math.ceil(m / mr) * mr
+            count += parallel_pays(hw, elementwise_seconds(hw, rows * k, 8.0), rows)
+        n_tiles = batch * math.ceil(m / mr) * math.ceil(n_ / nr)
+        count += matmul_tile_pays(hw, 2.0 * n_tiles * mr * nr * k, n_tiles)  # padded tiles
+        return int(count)
+    if rule == "fallback" and any(graph.nodes[n].pattern >= PatternKind.COMM_REDUCE
+                                  for n in group):
+        # Reduction blocks: the leading spatial loops run in parallel (one per block).
+        work = sum(flops.values())
+        return int(parallel_pays(hw, serial_seconds(hw, {OpClass.REDUCTION: work}, 4 * work,
+                                                    "fallback")))
+    if rule == "reduction":
+        # Rows x row length (the reduction's iterations); a window nest (a conv the
+        # template declined) counts its whole iteration space.
+        work = max(max(elems, default=0.0), flops.get(OpClass.REDUCTION, 0.0),
+                   flops.get(OpClass.CONV, 0.0) / 2)
+        big = outs[elems.index(max(elems))] if elems else []
+        rows = int(math.prod(big[:-1])) if len(big) > 1 else None
+        return int(reduction_pays(hw, work, rows))
+    total = sum(elems) or 1.0
+    inputs = {t for n in group for t in graph.nodes[n].inputs
+              if graph.tensors[t].producer not in group}
+    calls = flops.get(OpClass.TRANSCENDENTAL, 0.0) / total
+    count = 0
+    for e, t in zip(elems, published, strict=True):
+        # As the rule counts: each input read at most once per output element (a gather
+        # reads only the rows it takes), the output written once.
+        moved = graph.nbytes(t)
+        for i in inputs:
+            size = math.prod(_dims(graph, i)) if graph.tensors[i].shape else 1.0
+            moved += graph.nbytes(i) * min(1.0, e / max(size, 1.0))
+        work = elementwise_seconds(hw, e, moved / max(e, 1.0), calls)
+        shape = _dims(graph, t)
+        lanes = max(1, hw.simd_width_bits // 32)
+        chunks = e / shape[-1] if len(shape) > 1 else math.ceil(e / lanes)
+        count += parallel_pays(hw, work, int(chunks))
+    return int(count)

@@ -1,0 +1,149 @@
+"""The LLVM-CPU parallel decision: one helper, from the HardwareSpec, for rules and model.
+
+A loop runs in parallel only when its predicted serial time exceeds a few thread-pool
+fork/joins (``HardwareSpec.parallel_overhead_s``); the roofline model, through the
+backend's ``parallel_regions`` hook, charges exactly the parallel loops the rules emit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir, tirx
+
+import fusion_tvm
+from fusion_tvm.calibration.kernels import plan_kernels
+from fusion_tvm.calibration.micro import parallel_loops
+from fusion_tvm.cost_models.presets import get_hardware
+from fusion_tvm.ops import OpClass
+from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
+from fusion_tvm.pipeline import lower_passes
+from fusion_tvm.targets.llvm_cpu.parallel import (
+    PARALLEL_WORK_FACTOR,
+    elementwise_seconds,
+    matmul_tile_pays,
+    parallel_pays,
+    serial_seconds,
+)
+
+HW = get_hardware("ci-x86-avx2")  # 2 cores, 10 us per fork/join
+TARGET = tvm.target.Target(dict(HW.target))
+RNG = np.random.default_rng(0)
+
+
+def test_helper_decides_from_the_spec():
+    small = elementwise_seconds(HW, 64 * 256, 12.0)  # bias + ReLU, 64 x 256
+    large = elementwise_seconds(HW, 1024 * 1024, 12.0)
+    assert small < PARALLEL_WORK_FACTOR * HW.parallel_overhead_s < large
+    assert not parallel_pays(HW, small, chunks=64)
+    assert parallel_pays(HW, large, chunks=1024)
+    # Too few chunks for two per thread, one core, or a symbolic (unknown) size.
+    assert not parallel_pays(HW, large, chunks=3)
+    assert not parallel_pays(replace(HW, num_cores=1, parallel_overhead_s=0.0), large, 1024)
+    assert parallel_pays(HW, None)
+    # The same work is parallel once the fork/join is cheap enough.
+    assert parallel_pays(replace(HW, parallel_overhead_s=0.1 * small), small, chunks=64)
+    # A slower calibrated elementwise efficiency makes the same loop worth it.
+    slow = replace(HW, efficiency={"elementwise": 0.01})
+    assert serial_seconds(slow, {OpClass.ELEMENTWISE: 1.0}) > serial_seconds(
+        HW, {OpClass.ELEMENTWISE: 1.0})
+    assert parallel_pays(slow, elementwise_seconds(slow, 64 * 256, 12.0), 64)
+    # GEMM tiles: a 64^3 GEMM is serial, a 512^3 one parallel.
+    assert not matmul_tile_pays(HW, 2 * 64**3, 64)
+    assert matmul_tile_pays(HW, 2 * 512**3, 1024)
+
+
+def _bias_relu(rows: int, cols: int) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
+    b = relax.Var("b", relax.TensorType((cols,), "float32"))
+    with bb.function("main", [x, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.add(x, b)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _matmul(m: int, k: int, n: int) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    w = relax.Var("w", relax.TensorType((k, n), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _lower(mod: tvm.IRModule) -> tvm.IRModule:
+    return tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR(),
+    ])(mod)
+
+
+def _scheduled(mod: tvm.IRModule, rule: str) -> tuple[tvm.IRModule, tirx.PrimFunc]:
+    scheduled = ApplyTargetSchedule("llvm", HW)(_lower(mod))
+    funcs = [f for _, f in scheduled.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert [str(f.attrs[RULE_ATTR]) for f in funcs] == [rule]
+    return scheduled, funcs[0]
+
+
+def _check_equal(mod: tvm.IRModule, scheduled: tvm.IRModule, shapes) -> None:
+    def vm(m):
+        ex = tvm.compile(m, TARGET, relax_pipeline=tvm.transform.Sequential(lower_passes()))
+        return relax.VirtualMachine(ex, tvm.cpu())
+
+    args = [tvm.runtime.tensor(RNG.standard_normal(s).astype("float32")) for s in shapes]
+    np.testing.assert_allclose(vm(scheduled)["main"](*args).numpy(),
+                               vm(_lower(mod))["main"](*args).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _parallel_fors(func: tirx.PrimFunc) -> list:
+    sch = s_tir.Schedule(func)
+    loops = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loops += [sch.get(lp) for lp in sch.get_loops(block)]
+    return [lp for lp in loops if lp.kind == tirx.stmt.ForKind.PARALLEL]
+
+
+@pytest.mark.parametrize("rows,cols,parallel", [(64, 256, False), (1024, 1024, True)])
+def test_elementwise_serial_when_small(rows, cols, parallel):
+    mod = _bias_relu(rows, cols)
+    scheduled, func = _scheduled(mod, "elementwise")
+    assert bool(_parallel_fors(func)) == parallel
+    assert "T.vectorized" in func.script()
+    _check_equal(mod, scheduled, [(rows, cols), (cols,)])
+
+
+@pytest.mark.parametrize("size,parallel", [(32, False), (384, True)])
+def test_matmul_tiles_serial_when_small(size, parallel):
+    mod = _matmul(size, size, size)
+    scheduled, func = _scheduled(mod, "matmul")
+    assert bool(_parallel_fors(func)) == parallel
+    _check_equal(mod, scheduled, [(size, size), (size, size)])
+
+
+@pytest.mark.parametrize("model,overhead_s", [("mlp", None), ("bert_2l", None),
+                                              ("bert_2l", 2e-7), ("vit_tiny", 2e-7)])
+def test_model_regions_equal_scheduled_parallel_loops(model, overhead_s):
+    """The cost model's parallel regions (backend hook) equal the scheduled kernel's, with
+    the preset's fork/join (small models: mostly serial) and a nearly free one (parallel)."""
+    from benchmarks import zoo
+
+    hw = HW if overhead_s is None else replace(HW, parallel_overhead_s=overhead_s)
+    cm = fusion_tvm.compile(zoo.get_model(model, small=True), target="llvm", hw=hw)
+    checked = []
+    for k in plan_kernels(cm):
+        if k.func is None or k.rule not in ("matmul", "elementwise", "reduction", "attention"):
+            continue
+        checked.append((k.func_name, parallel_loops(k.func),
+                        int(k.detail.get("parallel_regions", -1))))
+    assert len(checked) >= 3
+    assert [c for c in checked if c[1] != c[2]] == [], checked
+    if overhead_s is not None:
+        assert sum(c[1] for c in checked) >= 3  # the cheap fork/join parallelises kernels
