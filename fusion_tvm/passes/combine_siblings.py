@@ -94,9 +94,11 @@ class _LiftMatmulWeights(relax.PyExprMutator):
             return expr
         # One parameter per use: exporters share one constant between branches (HF BERT's
         # Q, K and V biases are one zero tensor), and the pattern wants distinct biases.
+        # Bound back to the same Constant node, so a weight shared by two matmuls (tied or
+        # layer-shared weights) stays one tensor in the artifact.
         var = relax.Var(f"__ftvm_w{len(self.params)}", expr.ty)
         self.params.append(var)
-        self.lifted[var.name] = expr.value
+        self.lifted[var.name] = expr
         return var
 
 
@@ -126,7 +128,7 @@ class CombineSiblingMatmuls:
                 single = relax.transform.CombineParallelMatmul(
                     make_check(self.hw, set(lifter.lifted))
                 )(single)
-                single = relax.transform.BindParams(gv.name_hint, lifter.lifted)(single)
+                single = tvm.IRModule({gv: single[gv.name_hint].bind_params(lifter.lifted)})
             except Exception:  # noqa: BLE001 - an optional rewrite: leave the function as is
                 # TVM's pattern rewriter rejects some graphs (a constant matmul operand:
                 # fuzz seed 5124); sibling fusion is then simply not applied.
