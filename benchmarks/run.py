@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
 import platform
 import statistics
@@ -45,8 +46,11 @@ REFERENCE = "onnxruntime"
 STOCK_LIMIT_S = 1.0  # stock TVM is not timed when one run takes longer than this
 
 
-#: Pause before each timed run (thread pools of the previous contender settle).
+#: Pause before each timed sample (thread pools of the previous contender settle).
 SETTLE_S = 0.05
+#: A timed sample is this long at least: short models run back to back k times a sample.
+SAMPLE_S = 0.005
+MAX_INNER = 200
 
 def short(e: BaseException, limit: int = 240) -> str:
     """One line for a report: the exception type and its non-empty lines, joined."""
@@ -311,6 +315,7 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
 
     # Warm-up: the first call also gives the outputs checked against the reference.
     outputs = {}
+    inner: dict[str, int] = {}
     for name, p in list(prepared.items()):
         progress(f"{label}: warm-up {name}")
         try:
@@ -323,6 +328,13 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
                 continue
             for _ in range(args.warmup - 1):
                 p.run(feeds)
+            # Back-to-back runs per sample, so that a sample lasts >= SAMPLE_S: a model of a
+            # few microseconds is timed warm, not after each settle pause (cold caches,
+            # sleeping worker threads, a core clocked down).
+            t0 = time.perf_counter()
+            p.run(feeds)
+            inner[name] = max(1, min(MAX_INNER, math.ceil(SAMPLE_S / max(
+                time.perf_counter() - t0, 1e-7))))
         except Exception as e:
             results[name].status = "failed"
             results[name].note = "run: " + short(e, 300)
@@ -352,11 +364,13 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
             # onnxruntime's intra-op threads spin-wait after a run and steal the cores from
             # whoever runs next; let them go idle first (untimed) so the order stays fair
             time.sleep(SETTLE_S)
+            run, k = prepared[name].run, inner[name]
             t0 = time.perf_counter()
-            prepared[name].run(feeds)
-            results[name].times_s.append(time.perf_counter() - t0)
+            for _ in range(k):
+                run(feeds)
+            results[name].times_s.append((time.perf_counter() - t0) / k)
 
-    row = {"model": label, "reference": ref_name,
+    row = {"model": label, "reference": ref_name, "runs_per_sample": inner,
            "contenders": {n: asdict(r) for n, r in results.items()}}
     try:
         row["kernels"] = stock_kernel_counts(model)
@@ -421,7 +435,9 @@ def markdown(rows: list[dict], info: dict, args) -> str:
            f"thread(s)** everywhere (TVM_NUM_THREADS, ort intra_op_num_threads, torch). "
            f"TVM {info['tvm']}, onnxruntime {info['onnxruntime']}, torch {info['torch']}.  ",
            f"Latency: median of up to {args.repeat} interleaved rounds (at least "
-           f"{args.min_repeat}, {args.budget_s:g} s budget a model) after {args.warmup} warm-up, "
+           f"{args.min_repeat}, {args.budget_s:g} s budget a model) after {args.warmup} warm-up; "
+           f"a round's sample is the mean of back-to-back runs lasting >= "
+           f"{SAMPLE_S * 1e3:g} ms (one run for all but the smallest models), "
            f"ms (min–max). n/t: not timed; skip: contender unavailable (see notes). "
            f"Errors: max |x - ort| and that over max |ort|.\n"]
     present = [c for c in CONTENDERS if any(c in r["contenders"] for r in rows)]
