@@ -30,9 +30,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
+from ...tir_analysis import analyze_primfunc
 from ..base import ScheduleRule
 from ._util import (
-    MIN_PARALLEL_ELEMENTS,
     dtype_bits,
     inline_spatial,
     is_reduction,
@@ -43,6 +43,7 @@ from ._util import (
     root_blocks,
     static_extent,
 )
+from .parallel import parallel_pays, serial_seconds
 from .reduction import (
     _rfactor_rows,
     _row_local,
@@ -211,6 +212,19 @@ def _shape_contraction(
             sch.vectorize(sch.get_loops(init)[-1])
 
 
+def attention_parallel_pays(hw: HardwareSpec, func: tirx.PrimFunc, rows: int | None) -> bool:
+    """Whether the query-row loop runs in parallel: the kernel's serial time (its FLOPs at
+    the matmul rule's calibrated rate) against the thread pool's fork/join
+    (:func:`parallel.parallel_pays`); symbolic extents are assumed large."""
+    info = analyze_primfunc(func)
+    if rows is None or any(not isinstance(e, (int, tirx.IntImm))
+                           for b in info.blocks for e in b.domain):
+        return parallel_pays(hw, None, None)
+    flops = info.flops({})
+    return parallel_pays(hw, serial_seconds(hw, flops, 0.0, "matmul", "small"),
+                         -(-rows // ROW_TILE))
+
+
 class Attention(ScheduleRule):
     """Row-wise ``softmax(Q K^T + mask) V``: one parallel loop over query rows."""
 
@@ -295,7 +309,7 @@ class Attention(ScheduleRule):
         heads = 1
         for ext in extents[:-1]:
             heads = heads * ext if ext is not None and heads is not None else None
-        parallel = hw.num_cores > 1 and (work is None or work >= MIN_PARALLEL_ELEMENTS // 256)
+        parallel = attention_parallel_pays(hw, func, work)
         if extents[-1] is None and len(outer) > 1 and heads is not None \
                 and heads >= hw.num_cores:
             # Symbolic query rows: parallel over (batch, head), the row blocks a serial loop

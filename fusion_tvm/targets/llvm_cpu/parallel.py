@@ -174,12 +174,18 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
     contractions = [n for n in sorted(group) if graph.nodes[n].is_contraction]
     if rule == "attention" or (contractions and attention_chain(graph, group)
                                and any(graph.nodes[n].is_reduction for n in group)):
-        # Mirrors attention.py (its own row threshold): one parallel loop over query rows.
-        from ._util import MIN_PARALLEL_ELEMENTS
+        # Mirrors attention.attention_parallel_pays: one parallel loop over query rows when
+        # the kernel's serial matmul-rate time pays for the fork/join.
+        from .attention import ROW_TILE
 
-        shape = _dims(graph, graph.nodes[contractions[-1]].outputs[0]) if contractions else []
-        rows = math.prod(shape[:-1]) if len(shape) > 1 else 0.0
-        return int(rows >= MIN_PARALLEL_ELEMENTS // 256)
+        if not contractions:
+            return 0
+        # Symbolic extents are priced at the evaluation point (graph.dims), as the matmul
+        # branch below does; the rule itself parallelises a symbolic kernel.
+        shape = _dims(graph, graph.nodes[contractions[-1]].outputs[0])
+        rows = int(math.prod(shape[:-1])) if len(shape) > 1 else 1
+        return int(parallel_pays(hw, serial_seconds(hw, flops, 0.0, "matmul", "small"),
+                                 -(-rows // ROW_TILE)))
     if rule not in ("matmul", "reduction", "elementwise", "fallback"):
         return roofline.parallel_regions(graph, group, rule, hw, flops, published)
     if rule == "matmul":
