@@ -84,6 +84,7 @@ class Prepared:
     kernels: int | None = None
     plan: object | None = None
     note: str = ""
+    coverage: dict | None = None
 
 
 def _numpy_list(out) -> list[np.ndarray]:
@@ -110,9 +111,29 @@ def _fusion_tvm(fusion: str, layout: str | None = None):
                                 shape_hints=ctx.shape_hints)
         dt = time.perf_counter() - t0
         return Prepared(lambda feeds: list(cm.run(feeds)), dt, cm.num_kernels,
-                        getattr(cm, "plan", None))
+                        getattr(cm, "plan", None), coverage=rule_coverage(cm))
 
     return prepare
+
+
+def rule_coverage(cm) -> dict | None:
+    """Share of the model's (modeled) FLOPs in kernels that a template rule, not the
+    fallback, scheduled; FLOPs by rule."""
+    from tvm import tirx
+
+    plan = getattr(cm, "plan", None)
+    if plan is None or not plan.groups:
+        return None
+    rules = {gv.name_hint: str(f.attrs["fusion_tvm.rule"])
+             for gv, f in cm.fused_mod.functions.items()
+             if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs}
+    by_rule: dict[str, float] = {}
+    for g in plan.groups:
+        rule = rules.get(g.kernel, "unscheduled")
+        by_rule[rule] = by_rule.get(rule, 0.0) + g.flops
+    total = sum(by_rule.values())
+    bad = by_rule.get("fallback", 0.0) + by_rule.get("unscheduled", 0.0)
+    return {"template_share": 1.0 - bad / total if total else 1.0, "flops_by_rule": by_rule}
 
 
 def stock_target(ctx: Context):
@@ -294,7 +315,7 @@ def errors(outs, ref) -> tuple[float, float]:
 def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dict:
     results: dict[str, Result] = {}
     prepared: dict[str, Prepared] = {}
-    plan = None
+    plan = coverage = None
     for name in contenders:
         res = results[name] = Result(name)
         progress(f"{label}: compiling {name}")
@@ -311,6 +332,7 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
         res.compile_s, res.kernels, res.note = p.compile_s, p.kernels, p.note
         if name == "ours":
             plan = p.plan
+            coverage = p.coverage
         prepared[name] = p
 
     # Warm-up: the first call also gives the outputs checked against the reference.
@@ -371,6 +393,7 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
             results[name].times_s.append((time.perf_counter() - t0) / k)
 
     row = {"model": label, "reference": ref_name, "runs_per_sample": inner,
+           "coverage": coverage,
            "contenders": {n: asdict(r) for n, r in results.items()}}
     try:
         row["kernels"] = stock_kernel_counts(model)
@@ -444,7 +467,7 @@ def markdown(rows: list[dict], info: dict, args) -> str:
     head = ["model", "kernels unfused/FuseOps/ours", "modeled traffic MB unfused/FuseOps/ours",
             "pred. ms ours/FuseOps", "pred. speedup",
             *[f"{c} ms" for c in present], "meas. speedup vs fuseops", "compile s ours/fuseops",
-            "err ours abs/rel"]
+            "err ours abs/rel", "FLOPs on templates"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes: dict[tuple[str, str, str], list[str]] = {}
     for r in rows:
@@ -467,7 +490,9 @@ def markdown(rows: list[dict], info: dict, args) -> str:
             r["model"], kern, traffic,
             f"{_ms(pred.get('predicted_time_s'))}/{_ms(pred.get('baseline_time_s'))}",
             "–" if pspeed is None else f"{pspeed:.2f}x",
-            *[_lat(cs[c]) if c in cs else "–" for c in present], speed, comp, err]) + " |")
+            *[_lat(cs[c]) if c in cs else "–" for c in present], speed, comp, err,
+            "–" if not r.get("coverage") else f"{100 * r['coverage']['template_share']:.1f}%",
+        ]) + " |")
         for name, c in cs.items():
             if c["note"]:
                 notes.setdefault((name, c["status"], c["note"]), []).append(r["model"])
