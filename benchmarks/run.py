@@ -46,8 +46,10 @@ REFERENCE = "onnxruntime"
 STOCK_LIMIT_S = 1.0  # stock TVM is not timed when one run takes longer than this
 
 
-#: Pause before each timed sample (thread pools of the previous contender settle).
-SETTLE_S = 0.05
+#: Pause before each contender's turn (the previous contender's thread pool goes idle).
+SETTLE_S = 0.5
+#: Samples a contender takes back to back in one turn.
+BLOCK = 5
 #: A timed sample is this long at least: short models run back to back k times a sample.
 SAMPLE_S = 0.005
 MAX_INNER = 200
@@ -373,24 +375,31 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
             res.note = (f"max rel err {res.max_rel_err:.2e} vs {ref_name} > {args.rtol:g}; "
                         + res.note).rstrip("; ")
 
-    # Timed runs, round robin with a rotating order.
+    # Timed runs: round robin over the contenders with a rotating order, BLOCK samples a
+    # turn. Between turns the previous contender's thread pool must go idle: TVM's workers
+    # spin-wait for a while after a run, and onnxruntime timed 50 ms after a TVM run took
+    # 65 ms instead of 19 (ResNet-18, 2 threads); after 0.5 s it is back to 19.
     names = list(prepared)
     progress(f"{label}: timing {', '.join(names)} x {args.repeat}")
     start = time.perf_counter()
-    for r in range(args.repeat):
-        if r >= args.min_repeat and time.perf_counter() - start > args.budget_s:
-            progress(f"{label}: time budget {args.budget_s:g} s reached after {r} rounds")
+    taken = 0
+    r = 0
+    while taken < args.repeat:
+        if taken >= args.min_repeat and time.perf_counter() - start > args.budget_s:
+            progress(f"{label}: time budget {args.budget_s:g} s reached after {taken} samples")
             break
+        n = min(BLOCK, args.repeat - taken)
         k = r % max(len(names), 1)
         for name in names[k:] + names[:k]:
-            # onnxruntime's intra-op threads spin-wait after a run and steal the cores from
-            # whoever runs next; let them go idle first (untimed) so the order stays fair
             time.sleep(SETTLE_S)
-            run, k = prepared[name].run, inner[name]
-            t0 = time.perf_counter()
-            for _ in range(k):
-                run(feeds)
-            results[name].times_s.append((time.perf_counter() - t0) / k)
+            run, inner_k = prepared[name].run, inner[name]
+            for _ in range(n):
+                t0 = time.perf_counter()
+                for _ in range(inner_k):
+                    run(feeds)
+                results[name].times_s.append((time.perf_counter() - t0) / inner_k)
+        taken += n
+        r += 1
 
     row = {"model": label, "reference": ref_name, "runs_per_sample": inner,
            "coverage": coverage,
@@ -457,8 +466,10 @@ def markdown(rows: list[dict], info: dict, args) -> str:
            f"Machine: {info['cpu']}, {info['usable_cores']} usable cores; **{info['threads']} "
            f"thread(s)** everywhere (TVM_NUM_THREADS, ort intra_op_num_threads, torch). "
            f"TVM {info['tvm']}, onnxruntime {info['onnxruntime']}, torch {info['torch']}.  ",
-           f"Latency: median of up to {args.repeat} interleaved rounds (at least "
-           f"{args.min_repeat}, {args.budget_s:g} s budget a model) after {args.warmup} warm-up; "
+           f"Latency: median of up to {args.repeat} samples (at least {args.min_repeat}, "
+           f"{args.budget_s:g} s budget a model) after {args.warmup} warm-up, the contenders "
+           f"interleaved in turns of {BLOCK} samples with a {SETTLE_S:g} s pause between turns "
+           f"(thread pools go idle); "
            f"a round's sample is the mean of back-to-back runs lasting >= "
            f"{SAMPLE_S * 1e3:g} ms (one run for all but the smallest models), "
            f"ms (min–max). n/t: not timed; skip: contender unavailable (see notes). "
