@@ -44,6 +44,22 @@ def is_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     return set(iter_kinds(sch, block)) == {"S", "R"} or iter_kinds(sch, block) == "R"
 
 
+def sole_contraction(sch: s_tir.Schedule, out_rank: int):
+    """The function's only reduction block when it reads two buffers and writes one of rank
+    ``out_rank``: ``(block, statement, output index vars)``, an index var None where the
+    output is not indexed by a plain var; None when the function has another shape."""
+    reductions = [b for b in root_blocks(sch) if not is_spatial(sch, b)]
+    if len(reductions) != 1 or not is_reduction(sch, reductions[0]):
+        return None
+    main = reductions[0]
+    stmt = sch.get(main)
+    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or \
+            len(stmt.writes[0].region) != out_rank:
+        return None
+    out_vars = [r.min if isinstance(r.min, tirx.Var) else None for r in stmt.writes[0].region]
+    return main, stmt, out_vars
+
+
 def dtype_bits(sch: s_tir.Schedule, block: SBlockRV) -> int:
     """Bit width of what ``block`` writes (32 if it writes nothing)."""
     writes = sch.get(block).writes

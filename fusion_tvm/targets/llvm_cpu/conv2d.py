@@ -23,12 +23,11 @@ from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
     inline_spatial,
-    is_reduction,
     is_spatial,
     lanes,
     parallel_vectorize,
     pick_vector_width,
-    root_blocks,
+    sole_contraction,
     static_extent,
     vector_friendly,
 )
@@ -92,15 +91,10 @@ class Conv2d(ScheduleRule):
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
     ) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
-        blocks = root_blocks(sch)
-        reductions = [b for b in blocks if not is_spatial(sch, b)]
-        if len(reductions) != 1 or not is_reduction(sch, reductions[0]):
+        found = sole_contraction(sch, 4)
+        if found is None:
             return None
-        main = reductions[0]
-        stmt = sch.get(main)
-        if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(stmt.writes[0].region) != 4:
-            return None
-        out_vars = [_var_of(r.min) for r in stmt.writes[0].region]
+        main, stmt, out_vars = found
         iter_of = {iv.var: iv for iv in stmt.iter_vars}
         if any(v is None or v not in iter_of for v in out_vars):
             return None

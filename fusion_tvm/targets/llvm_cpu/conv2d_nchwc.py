@@ -25,11 +25,10 @@ from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
     inline_spatial,
-    is_reduction,
     is_spatial,
     lanes,
     parallel_vectorize,
-    root_blocks,
+    sole_contraction,
     static_extent,
 )
 from .conv2d import _epilogue_at
@@ -97,14 +96,10 @@ class Conv2dNCHWc(ScheduleRule):
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
     ) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
-        reductions = [b for b in root_blocks(sch) if not is_spatial(sch, b)]
-        if len(reductions) != 1 or not is_reduction(sch, reductions[0]):
+        found = sole_contraction(sch, 5)
+        if found is None:
             return None
-        main = reductions[0]
-        stmt = sch.get(main)
-        if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(stmt.writes[0].region) != 5:
-            return None
-        out_vars = [_var_of(r.min) for r in stmt.writes[0].region]
+        main, stmt, out_vars = found
         spatial = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
         reduce_vars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
         if any(v is None or v not in spatial for v in out_vars) or len(spatial) != 5:
