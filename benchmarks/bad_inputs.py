@@ -34,33 +34,11 @@ from fusion_tvm.errors import (  # noqa: E402
     UnsupportedOperatorError,
     UserInputError,
 )
+from fusion_tvm.testing.small_models import float_model as _model  # noqa: E402
+from fusion_tvm.testing.small_models import two_input_model as _two_input_model  # noqa: E402
 
 HW = "ci-x86-avx2"
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _model(nodes, inputs, outputs, inits=(), domains=()):
-    graph = helper.make_graph(
-        nodes, "bad",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
-        list(inits),
-    )
-    opsets = [helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in domains]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
-    return model
-
-
-def _two_input_model():
-    """y = relu(a @ w) + b with a: [N, 4], b: [N, 3] (the batch dim N shared)."""
-    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3], np.linspace(-1, 1, 12).tolist())
-    return _model(
-        [helper.make_node("MatMul", ["a", "w"], ["m"], name="mm"),
-         helper.make_node("Relu", ["m"], ["r"], name="relu"),
-         helper.make_node("Add", ["r", "b"], ["y"], name="add")],
-        [("a", ["N", 4]), ("b", ["N", 3])], [("y", ["N", 3])], [w],
-    )
 
 
 def _feeds(n=2, m=None, **override):

@@ -32,31 +32,10 @@ from fusion_tvm.errors import (
     UserInputError,
 )
 from fusion_tvm.testing.random_onnx import compare, random_model
+from fusion_tvm.testing.small_models import float_model as _model
+from fusion_tvm.testing.small_models import two_input_model as _two_input_model
 
 HW = "ci-x86-avx2"
-
-
-def _model(nodes, inputs, outputs, inits=(), name="bad"):
-    graph = helper.make_graph(
-        nodes, name,
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
-        list(inits),
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def _two_input_model():
-    """y = relu(a @ w) + b with a: [N, 4], b: [N, 3] (the batch dim N shared)."""
-    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3], np.linspace(-1, 1, 12).tolist())
-    return _model(
-        [helper.make_node("MatMul", ["a", "w"], ["m"], name="mm"),
-         helper.make_node("Relu", ["m"], ["r"], name="relu"),
-         helper.make_node("Add", ["r", "b"], ["y"], name="add")],
-        [("a", ["N", 4]), ("b", ["N", 3])], [("y", ["N", 3])], [w],
-    )
 
 
 @pytest.fixture(scope="module")
