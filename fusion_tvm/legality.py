@@ -133,15 +133,20 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
     return FusionDecision.allow()
 
 
-def _ancestors(graph: FusionGraph, node: int, within: frozenset[int]) -> set[int]:
+def _reachable(edges, node: int, within: frozenset[int]) -> set[int]:
+    """Nodes of ``within`` reachable from ``node`` along ``edges`` (preds or succs)."""
     seen: set[int] = set()
-    stack = [p for p in graph.preds[node] if p in within]
+    stack = [p for p in edges[node] if p in within]
     while stack:
         u = stack.pop()
         if u not in seen:
             seen.add(u)
-            stack.extend(p for p in graph.preds[u] if p in within)
+            stack.extend(p for p in edges[u] if p in within)
     return seen
+
+
+def _ancestors(graph: FusionGraph, node: int, within: frozenset[int]) -> set[int]:
+    return _reachable(graph.preds, node, within)
 
 
 def classify(graph: FusionGraph, group: Iterable[int]) -> GroupKind:
@@ -295,14 +300,7 @@ def attention_chain(graph: FusionGraph, group: frozenset[int]) -> bool:
 
 
 def _descendants(graph: FusionGraph, node: int, within: frozenset[int]) -> set[int]:
-    seen: set[int] = set()
-    stack = [s for s in graph.succs[node] if s in within]
-    while stack:
-        u = stack.pop()
-        if u not in seen:
-            seen.add(u)
-            stack.extend(s for s in graph.succs[u] if s in within)
-    return seen
+    return _reachable(graph.succs, node, within)
 
 
 def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionDecision:
