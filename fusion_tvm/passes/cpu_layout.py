@@ -117,6 +117,17 @@ def _out_size(size, kernel: int, stride: int, dilation: int, pad: int):
     return (size + pad - (kernel - 1) * dilation - 1) // stride + 1
 
 
+def _window(data: te.Tensor, kh: int, kw: int, strides, padding, dilation):
+    """Strides, dilations, output height / width and the padded input of a blocked conv
+    window over ``data[N, C/b, H, W, b]``."""
+    h, w = data.shape[2], data.shape[3]
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    oh = _out_size(h, kh, sh, dh, int(padding[0]) + int(padding[2]))
+    ow = _out_size(w, kw, sw, dw, int(padding[1]) + int(padding[3]))
+    return (sh, sw), (dh, dw), oh, ow, _pad(data, padding, (2, 3))
+
+
 def conv2d_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
                     out_dtype: str) -> te.Tensor:
     """Dense conv: ``data[N, C/bi, H, W, bi]``, ``kernel[O/bo, C/bi, KH, KW, bi, bo]``.
@@ -124,13 +135,9 @@ def conv2d_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilati
     The reduction runs over (input-channel block, kernel row, kernel column, lane), the
     output is ``[N, O/bo, OH, OW, bo]``.
     """
-    n, _, h, w, _ = data.shape
+    n = data.shape[0]
     ob, cb, kh, kw, bi, bo = (int(d) for d in kernel.shape)
-    sh, sw = (int(s) for s in strides)
-    dh, dw = (int(d) for d in dilation)
-    oh = _out_size(h, kh, sh, dh, int(padding[0]) + int(padding[2]))
-    ow = _out_size(w, kw, sw, dw, int(padding[1]) + int(padding[3]))
-    pad = _pad(data, padding, (2, 3))
+    (sh, sw), (dh, dw), oh, ow, pad = _window(data, kh, kw, strides, padding, dilation)
     ic = te.reduce_axis((0, cb), name="ic")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
@@ -149,13 +156,9 @@ def conv2d_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilati
 def depthwise_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
                        out_dtype: str) -> te.Tensor:
     """Depthwise conv: ``data[N, C/b, H, W, b]``, ``kernel[C/b, 1, KH, KW, b]``."""
-    n, cb, h, w, b = data.shape
+    n, cb, _, _, b = data.shape
     _, _, kh, kw, _ = (int(d) for d in kernel.shape)
-    sh, sw = (int(s) for s in strides)
-    dh, dw = (int(d) for d in dilation)
-    oh = _out_size(h, kh, sh, dh, int(padding[0]) + int(padding[2]))
-    ow = _out_size(w, kw, sw, dw, int(padding[1]) + int(padding[3]))
-    pad = _pad(data, padding, (2, 3))
+    (sh, sw), (dh, dw), oh, ow, pad = _window(data, kh, kw, strides, padding, dilation)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     return te.compute(
