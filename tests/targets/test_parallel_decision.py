@@ -129,7 +129,8 @@ def test_matmul_tiles_serial_when_small(size, parallel):
 
 
 @pytest.mark.parametrize("model,overhead_s", [("mlp", None), ("bert_2l", None),
-                                              ("bert_2l", 2e-7), ("vit_tiny", 2e-7)])
+                                              ("bert_2l", 2e-7), ("vit_tiny", 2e-7),
+                                              ("resnet18", None), ("mobilenetv2", 2e-7)])
 def test_model_regions_equal_scheduled_parallel_loops(model, overhead_s):
     """The cost model's parallel regions (backend hook) equal the scheduled kernel's, with
     the preset's fork/join (small models: mostly serial) and a nearly free one (parallel)."""
@@ -139,7 +140,8 @@ def test_model_regions_equal_scheduled_parallel_loops(model, overhead_s):
     cm = fusion_tvm.compile(zoo.get_model(model, small=True), target="llvm", hw=hw)
     checked = []
     for k in plan_kernels(cm):
-        if k.func is None or k.rule not in ("matmul", "elementwise", "reduction", "attention"):
+        if k.func is None or k.rule not in ("matmul", "elementwise", "reduction", "attention",
+                                            "conv2d", "conv2d_nchwc"):
             continue
         checked.append((k.func_name, parallel_loops(k.func),
                         int(k.detail.get("parallel_regions", -1))))
@@ -147,3 +149,35 @@ def test_model_regions_equal_scheduled_parallel_loops(model, overhead_s):
     assert [c for c in checked if c[1] != c[2]] == [], checked
     if overhead_s is not None:
         assert sum(c[1] for c in checked) >= 3  # the cheap fork/join parallelises kernels
+
+
+def _conv(channels: int, size: int, kernel: int, pad: int):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, channels, kernel, kernel), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=pad))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("channels,size,kernel,pad,parallel",
+                         [(16, 2, 3, 1, False), (64, 56, 1, 0, True), (64, 56, 3, 1, True)])
+def test_conv_rows_parallel_only_when_they_pay(channels, size, kernel, pad, parallel):
+    """A conv with a 2 x 2 output (4 tasks for 2 threads x 2 chunks, ~10 us of work) stays
+    serial; a 1 x 1 conv reads its input in place (TOPI's zero-width padding copy is
+    inlined: no spatial pass of its own), a padded one materialises the padding."""
+    mod = _conv(channels, size, kernel, pad)
+    scheduled, func = _scheduled(mod, "conv2d")
+    names = [b.name_hint for b in _root_block_stmts(func)]
+    assert ("pad_temp" in names) == (pad > 0), names
+    assert bool(_parallel_fors(func)) == parallel
+    _check_equal(mod, scheduled, [(1, channels, size, size),
+                                  (channels, channels, kernel, kernel)])
+
+
+def _root_block_stmts(func: tirx.PrimFunc) -> list:
+    sch = s_tir.Schedule(func)
+    return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]

@@ -72,6 +72,22 @@ def static_extent(sch: s_tir.Schedule, loop: LoopRV) -> int | None:
     return int(ext.value) if isinstance(ext, tirx.IntImm) else None
 
 
+def nest_flops(sch: s_tir.Schedule, loops) -> float | None:
+    """``2 x`` the iterations of a multiply-accumulate loop nest (None if any is symbolic)."""
+    extents = [static_extent(sch, lp) for lp in loops]
+    return None if None in extents else 2.0 * math.prod(extents)
+
+
+def identity_copy(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether ``block`` only copies another buffer element for element (same indices)."""
+    body = sch.get(block).body
+    if not isinstance(body, tirx.BufferStore) or type(body.value).__name__ not in (
+            "TensorLoad", "BufferLoad"):
+        return False
+    src, dst = body.value.indices, body.indices
+    return len(src) == len(dst) and all(a.same_as(b) for a, b in zip(src, dst, strict=True))
+
+
 def inline_spatial(
     sch: s_tir.Schedule,
     keep: tuple[SBlockRV, ...] = (),
@@ -81,15 +97,17 @@ def inline_spatial(
 
     Producers are inlined into their consumers first (prologues, epilogue chains), then
     what remains is tried as a reverse inline into its producer. ``keep`` is never inlined.
-    A producer feeding a reduction is inlined only with ``into_reductions``: a reduction
-    reads each input element many times, so inlining there recomputes the producer.
+    A producer feeding a reduction is inlined only with ``into_reductions``, or when it is
+    an identity copy (TOPI's zero-width "padding" of a 1 x 1 conv: a whole extra pass over
+    the input otherwise): a reduction reads each input element many times, so inlining
+    there recomputes the producer.
     """
     keep_stmts = [sch.get(b) for b in keep]
 
     def kept(b: SBlockRV) -> bool:
         if any(sch.get(b).same_as(k) for k in keep_stmts):
             return True
-        if into_reductions:
+        if into_reductions or identity_copy(sch, b):
             return False
         return any(not is_spatial(sch, c) for c in sch.get_consumers(b))
 

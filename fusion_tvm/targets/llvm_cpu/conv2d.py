@@ -25,12 +25,14 @@ from ._util import (
     inline_spatial,
     is_spatial,
     lanes,
+    nest_flops,
     parallel_vectorize,
     pick_vector_width,
     sole_contraction,
     static_extent,
     vector_friendly,
 )
+from .parallel import conv_parallel_pays, repack_pays
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Conv2d(ScheduleRule):
             return None
         loop_of = dict(zip((iv.var for iv in stmt.iter_vars), loops, strict=True))
         bits = int(stmt.writes[0].source.dtype.bits)
+        flops = nest_flops(sch, loops)
 
         n_var, f_var, y_var, x_var = out_vars
         channels, width = static_extent(sch, loop_of[f_var]), static_extent(sch, loop_of[x_var])
@@ -134,7 +137,7 @@ class Conv2d(ScheduleRule):
                 return None
             inline_spatial(sch, keep=(main,))
             return _schedule_channel_vector(sch, main, loop_of, out_vars, reduce_vars, weight,
-                                            ctiles, hw)
+                                            ctiles, hw, flops)
         inline_spatial(sch, keep=(main,))
         producers = [b for b in sch.get_producers(main) if is_spatial(sch, b)]
 
@@ -143,7 +146,7 @@ class Conv2d(ScheduleRule):
         reds = [loop_of[v] for v in reduce_vars]
         sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, fi, xd, xv)
         outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
-        if hw.num_cores > 1:
+        if conv_parallel_pays(hw, flops, static_extent(sch, outer)):
             sch.parallel(outer)
         acc = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
@@ -226,7 +229,8 @@ def derive_channel_tiles(hw: HardwareSpec, dtype_bits: int, channels: int | None
     return ChannelTiles(fr=fr, xr=xr, vec=vec)
 
 
-def _schedule_channel_vector(sch, main, loop_of, out_vars, reduce_vars, weight, tiles, hw):
+def _schedule_channel_vector(sch, main, loop_of, out_vars, reduce_vars, weight, tiles, hw,
+                             flops):
     """Channel-vector kernel: packed weights ``[f // fr, c, kh, kw, f % fr]``."""
     n_var, f_var, y_var, x_var = out_vars
     producers = [b for b in sch.get_producers(main) if is_spatial(sch, b)]
@@ -234,16 +238,18 @@ def _schedule_channel_vector(sch, main, loop_of, out_vars, reduce_vars, weight, 
     packed = sch.cache_read(main, weight, "global")
     sch.transform_layout(packed, ("write", 0), lambda o, i, h, w: (o // fr, i, h, w, o % fr))
     p_loops = sch.get_loops(packed)
+    weights = nest_flops(sch, p_loops)
     p_fo, p_fi = sch.split(p_loops[0], [None, fr])
     sch.reorder(p_fo, *p_loops[1:], p_fi)
-    sch.parallel(p_fo)
+    if repack_pays(hw, weights and weights / 2, static_extent(sch, p_fo)):
+        sch.parallel(p_fo)
 
     fo, fv_o, fv = sch.split(loop_of[f_var], [None, fr // vec, vec])
     xo, xi = sch.split(loop_of[x_var], [None, tiles.xr])
     reds = [loop_of[v] for v in reduce_vars]
     sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, xi, fv_o, fv)
     outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
-    if hw.num_cores > 1:
+    if conv_parallel_pays(hw, flops, static_extent(sch, outer)):
         sch.parallel(outer)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)

@@ -27,11 +27,13 @@ from ._util import (
     inline_spatial,
     is_spatial,
     lanes,
+    nest_flops,
     parallel_vectorize,
     sole_contraction,
     static_extent,
 )
 from .conv2d import _epilogue_at
+from .parallel import conv_parallel_pays
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class Conv2dNCHWc(ScheduleRule):
             hw, bits, block, static_extent(sch, loop_of[f_var]),
             static_extent(sch, loop_of[x_var]), depthwise, weight_bytes,
         )
+        flops = nest_flops(sch, loops)
 
         inline_spatial(sch, keep=(main,))
         producers = [b for b in sch.get_producers(main) if is_spatial(sch, b)]
@@ -146,7 +149,7 @@ class Conv2dNCHWc(ScheduleRule):
         reds = [loop_of[v] for v in reduce_vars]
         sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, fi, xi, loop_of[lane_var])
         outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
-        if hw.num_cores > 1:
+        if conv_parallel_pays(hw, flops, static_extent(sch, outer)):
             sch.parallel(outer)
         acc = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)

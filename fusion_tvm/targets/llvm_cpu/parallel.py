@@ -94,6 +94,25 @@ def matmul_tile_pays(hw: HardwareSpec, flops: float | None, tiles: int | None) -
                          tiles)
 
 
+def conv_parallel_pays(hw: HardwareSpec, flops: float | None, tasks: int | None) -> bool:
+    """Whether the output rows of a convolution (``flops`` in all, ``tasks`` iterations of
+    the fused batch x channel-tile x row loop) run in parallel. A conv with a 1 x 1 or 2 x 2
+    output has too few tasks, a small depthwise layer too little work, for the fork/join."""
+    if flops is None:
+        return parallel_pays(hw, None, tasks)
+    cls = "small" if flops < (1 << 21) else "large"
+    return parallel_pays(hw, serial_seconds(hw, {OpClass.CONV: flops}, 0.0, "conv2d", cls),
+                         tasks)
+
+
+def repack_pays(hw: HardwareSpec, weights: float | None, chunks: int | None) -> bool:
+    """Whether repacking a conv weight (``weights`` elements, read and written once) runs in
+    parallel over its ``chunks`` output-channel tiles."""
+    if weights is None:
+        return parallel_pays(hw, None, chunks)
+    return parallel_pays(hw, elementwise_seconds(hw, weights, 8.0), chunks)
+
+
 def reduction_pays(hw: HardwareSpec, elements: float | None, rows: int | None,
                    bytes_per_element: float = 8.0) -> bool:
     """Whether the rows of a reduction kernel (``elements`` iterations in all) run in
@@ -149,6 +168,123 @@ def b_transposed(graph, group, node) -> bool:
     return False
 
 
+def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> int | None:
+    """Parallel loops of the conv rules' kernel for ``group`` around the convolution node
+    ``conv``: the output rows (:func:`conv_parallel_pays` over the same task count the rule
+    fuses), the zero-padded input and a layout change after the conv (each one spatial pass,
+    ``parallel_vectorize``) and, for the NCHW channel-vector kernel, its weight repack. None
+    when the shapes are not the rules' (the generic count applies)."""
+    from ...cost_models.roofline import _conv_kind
+    from .conv2d import derive_channel_tiles, derive_tiles
+    from .conv2d_nchwc import derive_blocked_tiles
+
+    out = _dims(graph, conv.outputs[0])
+    if len(conv.inputs) < 2:
+        return None
+    data, weight = _dims(graph, conv.inputs[0]), _dims(graph, conv.inputs[1])
+    flops = conv.flops(graph.dims).get(OpClass.CONV, 0.0)
+    count = 0
+    if len(out) == 5 and len(data) == 5 and len(weight) in (5, 6):  # NCHW[b]c
+        n, blocks, rows, width, block = (int(d) for d in out)
+        depthwise = len(weight) == 5
+        kh, kw = int(weight[2]), int(weight[3])
+        reduce = kh * kw * (1 if depthwise else int(weight[1]) * int(weight[4]))
+        tiles = derive_blocked_tiles(hw, 32, block, blocks, width, depthwise,
+                                     reduce * block * 4)
+        count += conv_parallel_pays(hw, flops, n * (blocks // tiles.fo) * rows)
+    elif len(out) == 4 and len(data) == 4 and len(weight) == 4:  # NCHW
+        n, channels, rows, width = (int(d) for d in out)
+        kh, kw = int(weight[2]), int(weight[3])
+        kind = _conv_kind(graph, frozenset([conv.id]), hw)
+        if kind == "window":
+            return None
+        if kind == "row":
+            tiles = derive_tiles(hw, 32, channels, width)
+            fr = tiles.fr if tiles is not None else 1
+        else:
+            ctiles = derive_channel_tiles(hw, 32, channels, width)
+            fr = ctiles.fr if ctiles is not None else 1
+            count += repack_pays(hw, math.prod(weight), -(-channels // fr))
+        count += conv_parallel_pays(hw, flops, n * -(-channels // fr) * rows)
+    else:
+        return None
+    # The zero-padded input, or a prologue on it (a producer feeding the contraction is not
+    # inlined into it): one spatial pass over the (padded) input.
+    stride = [max(1, round(data[a] / out[a])) for a in (2, 3)]
+    pad = [max(0.0, (out[a] - 1) * st + k - data[a])
+           for a, st, k in zip((2, 3), stride, (kh, kw), strict=True)]
+    prologue = graph.tensors[conv.inputs[0]].producer in group
+    if pad[0] > 0 or pad[1] > 0 or prologue:
+        padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
+        chunks = int(padded / data[-1])
+        count += parallel_pays(hw, elementwise_seconds(hw, padded, 8.0), chunks)
+    for n in group:  # to / from NCHW[b]c after the conv: not computed per register tile
+        node = graph.nodes[n]
+        if n == conv.id or not node.outputs or node.is_contraction:
+            continue
+        shape = _dims(graph, node.outputs[0])
+        if len(shape) != len(out) and len(shape) > 1:
+            elems = math.prod(shape)
+            count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
+                                   int(elems / shape[-1]))
+    return int(count)
+
+
+def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None:
+    """Parallel loops of the reduction rule's window (pooling) kernel, None for a group it
+    schedules as rows: one reduction block over at most ``MAX_WINDOW`` elements per output,
+    its rows in parallel (:func:`reduction_pays`); the padding before it and the fused
+    epilogue after it (inlined into one block) each a spatial pass of their own."""
+    from ...tir_analysis import shape_elems
+    from .reduction import MAX_WINDOW
+
+    owners = [(n, b) for n in sorted(group) if graph.nodes[n].info is not None
+              for b in graph.nodes[n].info.blocks]
+    reductions = [(n, b) for n, b in owners if b.num_reduce_axes]
+    if len(reductions) != 1:
+        return None
+    node_id, red = reductions[0]
+    n_spatial = len(red.domain) - red.num_reduce_axes
+    extents = [float(evaluate_dim(d, graph.dims)) for d in red.domain]
+    window = math.prod(extents[n_spatial:])
+    if window > MAX_WINDOW or n_spatial < 2:
+        return None
+    total = math.prod(extents[:n_spatial])
+    count = int(reduction_pays(hw, total * window, int(math.prod(extents[:n_spatial - 1]))))
+    passes = [b.domain for n, b in owners if n == node_id and b is not red
+              and owners.index((n, b)) < owners.index((node_id, red))]  # padding
+    after = [t for n in group if n != node_id and n in _descendants(graph, node_id, group)
+             for t in graph.nodes[n].outputs[:1]]
+    if after:  # the epilogue chain, inlined into its last block
+        passes.append(max((graph.tensors[t].shape for t in after),
+                          key=lambda sh: shape_elems(sh, graph.dims)))
+    for domain in passes:
+        elems = shape_elems(domain, graph.dims)
+        last = float(evaluate_dim(domain[-1], graph.dims)) if domain else 1.0
+        chunks = int(elems / max(last, 1.0)) if len(domain) > 1 else \
+            math.ceil(elems / max(1, hw.simd_width_bits // 32))
+        count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0), chunks)
+    return count
+
+
+def _descendants(graph, node_id: int, group: frozenset[int]) -> set[int]:
+    """Members of ``group`` reachable from ``node_id`` by dataflow edges."""
+    seen, stack = set(), [node_id]
+    while stack:
+        for v in graph.succs[stack.pop()]:
+            if v in group and v not in seen:
+                seen.add(v)
+                stack.append(v)
+    return seen
+
+
+def evaluate_dim(d, dims) -> float:
+    """A (possibly symbolic) extent at the evaluation point ``dims``."""
+    from ...tir_analysis import evaluate
+
+    return evaluate(d, dims)
+
+
 def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: HardwareSpec) -> int:
     """Parallel loops of the kernel the LLVM-CPU rules make of ``group``.
 
@@ -186,6 +322,10 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
         rows = int(math.prod(shape[:-1])) if len(shape) > 1 else 1
         return int(parallel_pays(hw, serial_seconds(hw, flops, 0.0, "matmul", "small"),
                                  -(-rows // ROW_TILE)))
+    if rule == "conv2d" and contractions:
+        regions = conv_group_regions(graph, group, graph.nodes[contractions[0]], hw)
+        if regions is not None:
+            return regions
     if rule not in ("matmul", "reduction", "elementwise", "fallback"):
         return roofline.parallel_regions(graph, group, rule, hw, flops, published)
     if rule == "matmul":
@@ -222,6 +362,9 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
         return int(parallel_pays(hw, serial_seconds(hw, {OpClass.REDUCTION: work}, 4 * work,
                                                     "fallback")))
     if rule == "reduction":
+        regions = window_regions(graph, group, hw)
+        if regions is not None:
+            return regions
         # Rows x row length (the reduction's iterations); a window nest (a conv the
         # template declined) counts its whole iteration space.
         work = max(max(elems, default=0.0), flops.get(OpClass.REDUCTION, 0.0),
