@@ -45,6 +45,9 @@ _BINARY = frozenset(
 _RAISE = {tirx.Max: relax.op.maximum, tirx.Min: relax.op.minimum, tirx.Add: relax.op.add,
           tirx.Sub: relax.op.subtract, tirx.Mul: relax.op.multiply}
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+#: Pooling moved into the blocked layout when its input is blocked (per-channel windows).
+_POOL_OPS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d"))
+_POOL = frozenset(_POOL_OPS)
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _BLOCKED_KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
 
@@ -270,6 +273,16 @@ class _BlockedRewriter(relax.PyExprMutator):
                 else:
                     self._emit(binding, expr)
                 return None
+        if value.op in _POOL and value.attrs.layout == "NCHW" and value.attrs.out_layout == "NCHW":
+            twin = self._twin(value.args[0])
+            if twin is not None:  # pooled in the blocked layout: no unblock / block around it
+                a = value.attrs
+                pool = relax.op.nn.max_pool2d if value.op.same_as(_POOL_OPS[0]) \
+                    else relax.op.nn.avg_pool2d
+                self._emit_blocked(binding, pool(
+                    twin, a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
+                    bool(a.count_include_pad), layout=f"NCHW{self.b}c"))
+                return None
         if value.op in _UNARY and len(args) >= 1:
             twin = self._twin(value.args[0])
             if twin is not None:
@@ -315,6 +328,9 @@ class _BlockedRewriter(relax.PyExprMutator):
             )
             return "plain", expr
         dims = _conv_dims(call)
+        if dims is not None and dims[2] == 1 and dims[0] < self.b and dims[1] % self.b == 0 \
+                and self._twin(call.args[0]) is None:
+            return self._narrow_input_conv(call, args, dims[0])
         twin = self._twin(call.args[0])
         if dims is None or twin is None:
             return None
@@ -329,6 +345,29 @@ class _BlockedRewriter(relax.PyExprMutator):
         expr = self.builder_.call_te(
             depthwise_nchwc_te, twin, weight, a.strides, a.padding, a.dilation, out_dtype,
             primfunc_name_hint="depthwise_conv2d_nchwc",
+        )
+        return "blocked", expr
+
+
+    def _narrow_input_conv(self, call: relax.Call, args, cin: int) -> tuple[str, relax.Expr]:
+        """A dense conv with fewer input channels than the block (an RGB stem): the input
+        becomes one block of all ``cin`` channels, ``[N, 1, H, W, cin]``, the output is
+        blocked as usual. The NCHW kernel vectorises output columns, which a strided stem
+        turns into gathers (7x7/2 stem of ResNet: 14 GFLOP/s); here the ``b`` output
+        channels are the vector and input elements are broadcast."""
+        a, b = call.attrs, self.b
+        data = self.builder_.emit(self.builder_.call_te(
+            lambda t: te.compute(
+                (t.shape[0], 1, t.shape[2], t.shape[3], cin),
+                lambda n, c, h, w, ci: t[n, ci, h, w], name="to_nchwc"),
+            args[0], primfunc_name_hint="to_nchwc"), name_hint="data_nchwc")
+        packed = tirx.IndexMap.from_func(
+            lambda o, i, h, w: (o // b, i // cin, h, w, i % cin, o % b))
+        weight = self.builder_.emit(relax.op.layout_transform(args[1], packed),
+                                    name_hint="w_nchwc")
+        expr = self.builder_.call_te(
+            conv2d_nchwc_te, data, weight, a.strides, a.padding, a.dilation,
+            str(call.ty.dtype), primfunc_name_hint="conv2d_nchwc",
         )
         return "blocked", expr
 

@@ -79,18 +79,21 @@ def test_choose_block_prefers_full_width_and_falls_back():
 def test_pass_blocks_convs_and_prepacks_weights():
     mod = ConvertToNCHWc(lanes=8)(_cnn())
     text = mod["main"].script(show_meta=False)
-    # the 3-channel stem stays NCHW; the dense, strided, 1x1 and depthwise convs are TE calls
-    assert text.count("R.nn.conv2d(") == 1
+    # every conv is a TE call: the 3-channel stem reads its input as one block of 3
+    # channels ([N, 1, H, W, 3]); the dense, strided, 1x1 and depthwise convs as usual
+    assert text.count("R.nn.conv2d(") == 0
     funcs = [gv.name_hint for gv in mod.functions]
-    assert sum(n.startswith("conv2d_nchwc") for n in funcs) == 3
+    assert sum(n.startswith("conv2d_nchwc") for n in funcs) == 4
     assert sum(n.startswith("depthwise_conv2d_nchwc") for n in funcs) == 1
+    assert ", 1, 13, 13, 3)" in text  # the stem's input block
+    # pooling follows the blocked tensor instead of unblocking it
+    assert 'layout="NCHW8c"' in text and text.count("R.nn.max_pool2d(") == 1
     # packed weights are constants once folded: no transform of a constant is left to run
     folded = relax.transform.FoldConstant()(relax.transform.LegalizeOps()(mod))
     transforms = [
         b.value for b in folded["main"].body.blocks[0].bindings
         if isinstance(b.value, relax.Call) and "layout_transform" in str(b.value.args[0])
     ]
-    assert transforms  # the input still enters the blocked layout at run time
     assert not any(isinstance(a, tvm.ir.expr.Constant)
                    for t in transforms for a in t.args[1].fields)
 
@@ -110,9 +113,10 @@ def test_nchwc_equals_nchw_build(builds, batch):
 
 def test_conv_rule_schedules_every_blocked_conv(builds):
     rules = _rules(builds["nchwc"])
-    # dense 3x3, strided 3x3, depthwise and 1x1 convs: all by the blocked rule, none fallback
-    assert rules["conv2d_nchwc"] == 4
-    assert rules["conv2d"] == 1  # the 3-channel stem
+    # stem, dense 3x3, strided 3x3, depthwise and 1x1 convs: all by the blocked rule, none
+    # by the fallback
+    assert rules["conv2d_nchwc"] == 5
+    assert rules["conv2d"] == 0
     assert rules["fallback"] == 0
     native = _rules(builds["native"])
     assert native["conv2d_nchwc"] == 0 and native["conv2d"] >= 4

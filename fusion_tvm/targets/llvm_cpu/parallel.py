@@ -233,8 +233,9 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
 def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None:
     """Parallel loops of the reduction rule's window (pooling) kernel, None for a group it
     schedules as rows: one reduction block over at most ``MAX_WINDOW`` elements per output,
-    its rows in parallel (:func:`reduction_pays`); the padding before it and the fused
-    epilogue after it (inlined into one block) each a spatial pass of their own."""
+    its rows in parallel (:func:`reduction_pays`); the padding before it (unless the window
+    runs over ``NCHW[b]c`` lanes, which read it inline) and the fused epilogue after it
+    (inlined into one block) each a spatial pass of their own."""
     from ...tir_analysis import shape_elems
     from .reduction import MAX_WINDOW
 
@@ -251,7 +252,9 @@ def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None
         return None
     total = math.prod(extents[:n_spatial])
     count = int(reduction_pays(hw, total * window, int(math.prod(extents[:n_spatial - 1]))))
-    passes = [b.domain for n, b in owners if n == node_id and b is not red
+    width = max(1, hw.simd_width_bits // 32)
+    lanes_inner = n_spatial == 5 and 4 <= extents[n_spatial - 1] <= 4 * width  # NCHW[b]c
+    passes = [b.domain for n, b in owners if n == node_id and b is not red and not lanes_inner
               and owners.index((n, b)) < owners.index((node_id, red))]  # padding
     after = [t for n in group if n != node_id and n in _descendants(graph, node_id, group)
              for t in graph.nodes[n].outputs[:1]]

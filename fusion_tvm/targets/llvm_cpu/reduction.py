@@ -175,13 +175,41 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
         rows = math.prod(extents[: n_spatial - 1])
     if reduction_pays(hw, None if total is None else total * window, rows):
         sch.parallel(sch.fuse(*loops[: n_spatial - 1]))
+    _vectorize_lanes(sch, main, loops[n_spatial - 1:], extents[n_spatial - 1], hw)
     # Every other block (padding, epilogue, a second output) stays a root-level pass: an
     # epilogue moved under the pooled rows would only cover the rows the pool produces.
-    for block in blocks:
+    for block in root_blocks(sch):  # the padding may have been inlined
         if not sch.get(block).same_as(sch.get(main)):
             with contextlib.suppress(ScheduleError):
                 parallel_vectorize(sch, block, hw)
     return sch
+
+
+def _vectorize_lanes(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | None,
+                     hw: HardwareSpec) -> None:
+    """A window over a blocked ``NCHW[b]c`` tensor: the channel lanes (the last spatial
+    loop, the innermost index of every access) become the vector, inside the window loops,
+    the padding inlined (max-pool 3x3/2 over 1x4x112x112x16: 305 us as a scalar nest after
+    a padding pass, 67 us so)."""
+    stmt = sch.get(main)
+    lane = stmt.iter_vars[len(stmt.iter_vars) - len(loops)].var
+    width = lanes(hw, dtype_bits(sch, main))
+    if extent is None or extent > 4 * width or extent < 4:
+        return
+    for access in (*stmt.reads, *stmt.writes):
+        if not access.region[-1].min.same_as(lane):
+            return
+    # The padding is read in the window instead of materialised: a separate pass over the
+    # padded tensor took 3.5x the pooling itself (its guard is uniform across the lanes).
+    for producer in sch.get_producers(main):
+        if is_spatial(sch, producer) and len(sch.get_consumers(producer)) == 1:
+            with contextlib.suppress(ScheduleError):
+                sch.compute_inline(producer)
+    with contextlib.suppress(ScheduleError):
+        # The init stays in the block (the first window step): a decomposed reduction is
+        # no longer a "reduction block", which vectorize refuses.
+        sch.reorder(*loops[1:], loops[0])
+        sch.vectorize(loops[0])
 
 
 class Reduction(ScheduleRule):
