@@ -240,7 +240,8 @@ def _transpose(a, b, c):
 
 def _activation(kind: str, m: int, n: int):
     """The activations models are made of, as their ONNX exports spell them: GELU with erf,
-    GELU with tanh and ``pow(x, 3)``, SiLU (sigmoid), and a plain exp."""
+    GELU with tanh and ``pow(x, 3)``, SiLU (sigmoid), a plain exp, and a log (the only one
+    left a libm call by ``FastMath``: it measures the transcendental peak)."""
     op = relax.op
 
     def c(v):
@@ -258,13 +259,15 @@ def _activation(kind: str, m: int, n: int):
             return bb.emit(op.multiply(op.multiply(x, c(0.5)), op.add(op.tanh(inner), c(1.0))))
         if kind == "silu":
             return bb.emit(op.multiply(x, op.sigmoid(x)))
+        if kind == "log":  # no polynomial version: a libm call per element
+            return bb.emit(op.log(op.add(op.abs(x), c(1.0))))
         return bb.emit(op.exp(x))
     return _module(build, [("x", (m, n))])
 
 
 #: Per-element transcendental kernels: their throughput sets the spec's transcendental peak
 #: (libm calls such as powf / erff / tanhf run far below the FMA peak / 16 of a preset).
-TRANSCENDENTAL = ("gelu_erf", "gelu_tanh", "silu", "exp")
+TRANSCENDENTAL = ("gelu_erf", "gelu_tanh", "silu", "exp", "log")
 
 
 @dataclass(frozen=True)
