@@ -136,6 +136,18 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
     return sum(1 for e in elems if e >= PARALLEL_MIN_ELEMENTS)
 
 
+def _operand_reads(graph: FusionGraph, node, k: int, dims, hw) -> float:
+    """Evaluations of an inlined producer per element of input ``k`` of ``node``.
+
+    A contraction's A operand (``k = 0``) is loaded once per register tile of output
+    columns (about two vectors wide on a CPU), not once per output column; everything
+    else is read as often as the op reuses it."""
+    reuse = node.reuse(k, dims)
+    if k == 0 and node.is_contraction and hw.kind is DeviceKind.CPU:
+        return max(1.0, reuse / (2 * hw.simd_lanes_fp32))
+    return reuse
+
+
 def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
     """Reads per element of input ``k`` of ``node`` in a row-wise (reduction rule) kernel.
 
@@ -259,7 +271,8 @@ class RooflineCostModel(CostModel):
                 for c in dict.fromkeys(inside):  # x * x lists its producer twice
                     cnode = graph.nodes[c]
                     reads = sum(
-                        _row_reads(graph, cnode, k, tid) if rowwise else cnode.reuse(k, dims)
+                        _row_reads(graph, cnode, k, tid) if rowwise else
+                        _operand_reads(graph, cnode, k, dims, hw)
                         for k, tid in enumerate(cnode.inputs) if tid == out
                     )
                     m += mult[c] * reads
@@ -313,6 +326,13 @@ class RooflineCostModel(CostModel):
         if regions is None:
             regions = parallel_regions(graph, group, rule, hw, flops, published)
         launch_s = hw.launch_overhead_s + hw.parallel_cost(regions)
+        serial = regions == 0 and hw.kind is DeviceKind.CPU and hw.num_cores > 1 \
+            and callable(hook)
+        if serial:
+            # The rules left every loop serial: one core's share of the FLOP/s and of the
+            # bandwidth (peaks and bandwidths are whole-machine figures).
+            compute_s *= hw.num_cores
+            memory_s *= hw.num_cores
         time_s = launch_s + max(compute_s, memory_s) / eff + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
         dram_bw = hw.dram.bandwidth_bytes_per_s
@@ -333,6 +353,7 @@ class RooflineCostModel(CostModel):
                 "internal_s": internal_s,
                 "launch_s": launch_s,
                 "parallel_regions": regions,
+                "serial": serial,
                 "shape_class": cls,
                 "efficiency": eff,
                 "flops_by_class": {c.value: f for c, f in flops.items()},

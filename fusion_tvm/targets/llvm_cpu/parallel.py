@@ -124,6 +124,16 @@ def reduction_pays(hw: HardwareSpec, elements: float | None, rows: int | None,
     return parallel_pays(hw, work, rows)
 
 
+def row_kernel_pays(hw: HardwareSpec, flops: float | None, nbytes: float,
+                    rows: int | None) -> bool:
+    """Whether the rows of a row-wise (reduction rule) kernel run in parallel: all its
+    arithmetic (``flops``, a softmax's polynomial exp included) and ``nbytes`` moved."""
+    if flops is None:
+        return parallel_pays(hw, None, rows)
+    work = serial_seconds(hw, {OpClass.REDUCTION: flops}, nbytes, "reduction")
+    return parallel_pays(hw, work, rows)
+
+
 def pack_pays(hw: HardwareSpec, elements: float | None, bits: int, panels: int | None) -> bool:
     """Whether packing B (read and written once, ``elements`` in all) runs in parallel."""
     if elements is None:
@@ -374,7 +384,7 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
                    flops.get(OpClass.CONV, 0.0) / 2)
         big = outs[elems.index(max(elems))] if elems else []
         rows = int(math.prod(big[:-1])) if len(big) > 1 else None
-        return int(reduction_pays(hw, work, rows))
+        return int(row_kernel_pays(hw, max(1.0, sum(flops.values())), 8.0 * work, rows))
     total = sum(elems) or 1.0
     inputs = {t for n in group for t in graph.nodes[n].inputs
               if graph.tensors[t].producer not in group}

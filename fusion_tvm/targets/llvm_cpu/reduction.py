@@ -19,6 +19,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
+from ...tir_analysis import analyze_primfunc
 from ..base import ScheduleRule
 from ._util import (
     dtype_bits,
@@ -32,7 +33,7 @@ from ._util import (
     static_extent,
     vector_friendly,
 )
-from .parallel import reduction_pays
+from .parallel import reduction_pays, row_kernel_pays
 
 
 def _leading_spatial(sch: s_tir.Schedule, block: SBlockRV) -> int:
@@ -83,6 +84,15 @@ def _row_local(sch: s_tir.Schedule, blocks: list[SBlockRV], rows: int) -> bool:
     return True
 
 
+def group_work(func: tirx.PrimFunc) -> float | None:
+    """All arithmetic of a row-wise kernel (the polynomial exp of a softmax included), or
+    None for symbolic extents: the work its parallel decision weighs."""
+    info = analyze_primfunc(func)
+    if any(not isinstance(e, (int, tirx.IntImm)) for b in info.blocks for e in b.domain):
+        return None
+    return max(1.0, sum(info.flops({}).values()))
+
+
 def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first: int) -> None:
     """Vectorise the innermost loop below position ``first`` (the row loop)."""
     loops = sch.get_loops(block)[first:]
@@ -90,6 +100,14 @@ def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first
         return
     inner = loops[-1]
     extent = static_extent(sch, inner)
+    if extent is not None and extent > width and extent % width:
+        # A static row that is not a multiple of the vector: the whole vectors and the tail
+        # as two loops (a guarded vector loop is scalarised: softmax over 197 columns).
+        with contextlib.suppress(ScheduleError):
+            for part in sch.loop_partition(inner, [extent - extent % width, None]):
+                for blk in sch.get_child_blocks(part):
+                    _vectorize_innermost(sch, blk, width, 0)
+            return
     with contextlib.suppress(ScheduleError):
         if extent is not None and extent <= width:
             if extent >= 4:
@@ -257,11 +275,10 @@ class Reduction(ScheduleRule):
         anchor = blocks[-1] if anchor_last else blocks[0]
         loops = sch.get_loops(anchor)
         extents = [static_extent(sch, lp) for lp in loops]
+        elements = None if None in extents else math.prod(extents)
         row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-        work = None if None in extents else 1
-        for ext in extents if work is not None else ():
-            work *= ext
-        if reduction_pays(hw, work, static_extent(sch, row)):
+        flops = group_work(func) if elements is not None else None
+        if row_kernel_pays(hw, flops, 8.0 * (elements or 0), static_extent(sch, row)):
             sch.parallel(row)
         if anchor_last:
             for block in reversed(blocks[:-1]):
