@@ -297,10 +297,6 @@ class RooflineCostModel(CostModel):
             conv = _conv_kind(graph, group, hw)
             if conv == "window":  # the conv template declines; the reduction rule takes it
                 rule = "reduction"
-        cls = shape_class(rule, flops, conv)
-        eff = self.efficiency(rule, cls)
-        compute_s = sum(f / hw.peak_flops[cls] for cls, f in flops.items())
-
         # External inputs move once, but only the part a member reads (gathers, slices).
         touched: dict[int, float] = {}
         for n in members:
@@ -310,11 +306,20 @@ class RooflineCostModel(CostModel):
                     continue
                 frac = node.touched_fraction(k, dims)
                 touched[tid] = max(touched.get(tid, 0.0), frac)
+        cls = shape_class(rule, flops, conv)
+        if cls == "copy" and any(f < 0.5 for f in touched.values()):
+            # A gather (embedding lookup) copies whole contiguous rows: a plain streaming
+            # kernel, not a strided layout transform (priced 85x too slow as one).
+            cls = "plain"
+        eff = self.efficiency(rule, cls)
+        compute_s = sum(f / hw.peak_flops[cls] for cls, f in flops.items())
         ext_inputs = sorted(touched)
         in_sizes = {t: graph.nbytes(t) * touched[t] for t in ext_inputs}
         in_bytes = sum(in_sizes.values())
         out_bytes = sum(graph.nbytes(t) for t in published)
-        memory_s = sum(b / self.bandwidth_for(graph.nbytes(t)) for t, b in in_sizes.items())
+        # A partly read input streams from the level that holds the part read.
+        memory_s = sum(b / self.bandwidth_for(b if touched[t] < 1.0 else graph.nbytes(t))
+                       for t, b in in_sizes.items())
         memory_s += sum(graph.nbytes(t) / self.bandwidth_for(graph.nbytes(t)) for t in published)
         inner_bw = hw.memory[0].bandwidth_bytes_per_s if len(hw.memory) > 1 else \
             hw.dram.bandwidth_bytes_per_s
