@@ -86,6 +86,25 @@ def _connected_groups(graph: FusionGraph, limit: int) -> Iterator[frozenset[int]
                     stack.append(g | {v})
 
 
+def _prologue_ops(graph: FusionGraph, group: frozenset[int]) -> int:
+    """Members of ``group`` that feed one of its contractions (its prologue)."""
+    count = 0
+    for n in group:
+        if graph.nodes[n].is_contraction:
+            continue
+        stack, seen = [n], {n}
+        while stack:
+            u = stack.pop()
+            if u != n and graph.nodes[u].is_contraction:
+                count += 1
+                break
+            for v in graph.succs[u]:
+                if v in group and v not in seen:
+                    seen.add(v)
+                    stack.append(v)
+    return count
+
+
 def exact_partition(
     graph: FusionGraph, model: CostModel, config: SearchConfig | None = None
 ) -> list[frozenset[int]]:
@@ -93,7 +112,8 @@ def exact_partition(
     config = config or SearchConfig()
     n = len(graph.nodes)
     pred_mask = [sum(1 << p for p in graph.preds[i]) for i in range(n)]
-    candidates: list[tuple[int, int, float, frozenset[int]]] = []  # (mask, preds, cost, g)
+    # (mask, preds, cost, flops, g)
+    candidates: list[tuple[int, int, float, float, frozenset[int]]] = []
     for g in _connected_groups(graph, config.max_exact_groups):
         if len(g) > 1 and not _acceptable(graph, g, model, config):
             continue
@@ -102,11 +122,12 @@ def exact_partition(
         for i in g:
             preds |= pred_mask[i]
         preds &= ~mask
-        candidates.append((mask, preds, model.estimate(graph, g).time_s, g))
+        est = model.estimate(graph, g)
+        candidates.append((mask, preds, est.time_s, (est.flops, _prologue_ops(graph, g)), g))
     for i in range(n):
         if not graph.nodes[i].fusible:
-            candidates.append((1 << i, pred_mask[i], model.estimate(graph, frozenset([i])).time_s,
-                               frozenset([i])))
+            est = model.estimate(graph, frozenset([i]))
+            candidates.append((1 << i, pred_mask[i], est.time_s, (est.flops, 0), frozenset([i])))
     full = (1 << n) - 1
     # index candidates by their lowest member so each state only scans the relevant ones
     by_low: dict[int, list] = {}
@@ -115,10 +136,15 @@ def exact_partition(
         by_low.setdefault(low, []).append(c)
 
     @cache
-    def best(done: int) -> tuple[float, tuple]:
+    def best(done: int) -> tuple[float, tuple, tuple]:
+        """(time, (FLOPs, prologue ops), groups) of the best partition of the nodes not in
+        ``done``; times equal to the nanosecond go to the partition that computes less
+        (recomputed prologues), then to the one with fewer ops loaded into a contraction
+        (a bias + ReLU stays its matmul's epilogue rather than the next one's operand load,
+        where the model sees no difference)."""
         if done == full:
-            return 0.0, ()
-        result = (float("inf"), ())
+            return 0.0, (0.0, 0), ()
+        result = (float("inf"), (float("inf"), 0), ())
         remaining = full & ~done
         # Any group may come next if its external preds are done. Scan candidates whose
         # lowest node is not yet done.
@@ -126,16 +152,17 @@ def exact_partition(
         while r:
             low = (r & -r).bit_length() - 1
             r &= r - 1
-            for mask, preds, cost, g in by_low.get(low, ()):
+            for mask, preds, cost, flops, g in by_low.get(low, ()):
                 if mask & done or (preds & ~done):
                     continue
-                sub_cost, sub_groups = best(done | mask)
+                sub_cost, sub_flops, sub_groups = best(done | mask)
                 total = cost + sub_cost
-                if total < result[0] - 1e-15:
-                    result = (total, (g,) + sub_groups)
+                work = (flops[0] + sub_flops[0], flops[1] + sub_flops[1])
+                if (round(total, 9), work) < (round(result[0], 9), result[1]):
+                    result = (total, work, (g,) + sub_groups)
         return result
 
-    _, groups = best(0)
+    _, _, groups = best(0)
     best.cache_clear()
     return sorted(groups, key=min)
 
@@ -149,7 +176,9 @@ def greedy_partition(
     n = len(graph.nodes)
     members: dict[int, frozenset[int]] = {i: frozenset([i]) for i in range(n)}
     version = dict.fromkeys(range(n), 0)
-    cost = {i: model.estimate(graph, members[i]).time_s for i in range(n)}
+    estimates = {i: model.estimate(graph, members[i]) for i in range(n)}
+    cost = {i: e.time_s for i, e in estimates.items()}
+    work = {i: e.flops for i, e in estimates.items()}
     g_succ = {i: set(graph.succs[i]) for i in range(n)}
     g_pred = {i: set(graph.preds[i]) for i in range(n)}
     heap: list = []
@@ -160,9 +189,15 @@ def greedy_partition(
         merged = members[a] | members[b]
         if not _acceptable(graph, merged, model, config):
             return
-        gain = cost[a] + cost[b] - model.estimate(graph, merged).time_s
+        est = model.estimate(graph, merged)
+        gain = cost[a] + cost[b] - est.time_s
         if gain > 0:
-            heapq.heappush(heap, (-gain, min(merged), a, b, version[a], version[b]))
+            # Gains equal to the nanosecond (a memory-bound kernel hides the arithmetic a
+            # merge adds) go to the merge that recomputes least: a bias + ReLU joins its
+            # matmul as an epilogue rather than the next matmul's operand load.
+            recompute = (est.flops - work[a] - work[b], _prologue_ops(graph, merged))
+            heapq.heappush(heap, (-round(gain, 9), recompute, min(merged), a, b,
+                                  version[a], version[b]))
 
     def creates_cycle(a: int, b: int) -> bool:
         # a -> b edge exists; any other path a ~> b through a third group makes a cycle.
@@ -185,7 +220,7 @@ def greedy_partition(
             push(a, b)
     next_id = n
     while heap:
-        _, _, a, b, va, vb = heapq.heappop(heap)
+        _, _, _, a, b, va, vb = heapq.heappop(heap)
         if a not in members or b not in members or version[a] != va or version[b] != vb:
             continue
         if b not in g_succ[a]:
@@ -196,7 +231,8 @@ def greedy_partition(
         next_id += 1
         members[c] = members.pop(a) | members.pop(b)
         version[c] = 0
-        cost[c] = model.estimate(graph, members[c]).time_s
+        est = model.estimate(graph, members[c])
+        cost[c], work[c] = est.time_s, est.flops
         g_succ[c] = (g_succ.pop(a) | g_succ.pop(b)) - {a, b}
         g_pred[c] = (g_pred.pop(a) | g_pred.pop(b)) - {a, b}
         for s in g_succ[c]:
