@@ -34,6 +34,7 @@ from fusion_tvm.errors import (  # noqa: E402
     UnsupportedOperatorError,
     UserInputError,
 )
+from fusion_tvm.testing.small_models import embedding_model  # noqa: E402
 from fusion_tvm.testing.small_models import float_model as _model  # noqa: E402
 from fusion_tvm.testing.small_models import two_input_model as _two_input_model  # noqa: E402
 
@@ -117,6 +118,9 @@ def cases(tmp: Path):
            lambda: run(_feeds(a=np.zeros((2, 4), np.float64))))
     yield ("run time", "N = 2 in a but N = 3 in b", InputMismatchError,
            lambda: run(_feeds(n=2, m=3)))
+    yield ("run time", "token id 10 for a 10-row embedding table (Gather)", InputMismatchError,
+           lambda: fusion_tvm.compile(embedding_model(rows=10), hw=HW).run(
+               {"ids": np.array([[1, 2, 10]], dtype="int64")}))
     yield ("run time", "NaN, +Inf, -Inf in every input (random graphs, seeds 0-4)", None,
            _nan_inf)
     yield ("hardware", "DRAM bandwidth -1", InvalidHardwareSpecError,

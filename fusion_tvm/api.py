@@ -16,6 +16,7 @@ from tvm import relax
 from .cost_models.hardware import HardwareSpec
 from .errors import InputMismatchError, UserInputError
 from .frontend import LoadedModel, load_model, load_torch
+from .frontend.index_checks import gather_index_ranges
 from .graph import default_dims
 from .passes.apply_target_schedule import RULE_ATTR
 from .pipeline import FusionMode, fusion_mode, make_pipeline
@@ -89,6 +90,9 @@ class CompiledModel:
         self._bound: dict[str, int] = {}
         #: Static builds for hot sizes, keyed by the sorted (dim, value) pairs.
         self.variants: dict[tuple, CompiledModel] = {}
+        #: Inputs used as lookup indices, range-checked before each run (an out-of-range
+        #: index would read outside the table: a crash, not an error).
+        self.index_ranges = gather_index_ranges(loaded.mod, loaded.input_names)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -147,6 +151,11 @@ class CompiledModel:
                             f"{got} in input '{name}' axis {axis}"
                         )
             out.append(np.require(arr, requirements="C"))  # keeps rank 0 (ascontiguous: 1)
+        by_name = dict(zip(names, out, strict=True))
+        for rng in self.index_ranges:
+            message = rng.check(by_name[rng.name]) if rng.name in by_name else None
+            if message:
+                raise InputMismatchError(message)
         self._bound = bound
         return out
 

@@ -390,3 +390,31 @@ def test_models_in_onnx_checker_order_of_errors(tmp_path):
         warnings.simplefilter("ignore")
         with pytest.raises(UserInputError, match="'first_add'.*'ghost'"):
             fusion_tvm.load_model(tmp_path / "two_errors.onnx")
+
+
+# --------------------------------------------------------------------- index values
+@pytest.fixture(scope="module")
+def embedding():
+    from fusion_tvm.testing.small_models import embedding_model
+
+    model = embedding_model(rows=10)
+    return model, fusion_tvm.compile(model)
+
+
+@pytest.mark.parametrize("bad", [10, 10**7, -11])
+def test_out_of_range_index_is_an_error_not_a_crash(embedding, bad):
+    """A token id outside the table (TVM's fast take would read outside it: segfault)."""
+    _, cm = embedding
+    ids = np.array([[1, 2, bad]], dtype="int64")
+    with pytest.raises(InputMismatchError, match=rf"'ids' has value {bad} at index \(0, 2\)"):
+        cm.run({"ids": ids})
+
+
+def test_in_range_and_negative_indices_match_onnxruntime(embedding):
+    ort = pytest.importorskip("onnxruntime")
+    model, cm = embedding
+    ids = np.array([[0, 9, -1, -10], [3, 4, 5, 6]], dtype="int64")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(cm.run({"ids": ids})[0], sess.run(None, {"ids": ids})[0],
+                               rtol=1e-6)
+    assert [(r.name, r.size, r.allow_negative) for r in cm.index_ranges] == [("ids", 10, True)]

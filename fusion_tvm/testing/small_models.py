@@ -30,3 +30,20 @@ def two_input_model():
          helper.make_node("Add", ["r", "b"], ["y"], name="add")],
         [("a", ["N", 4]), ("b", ["N", 3])], [("y", ["N", 3])], [w],
     )
+
+
+def embedding_model(rows: int = 10, dim: int = 4):
+    """y = relu(table[ids]) with int64 ids [N, S] and a ``rows x dim`` table (ONNX Gather)."""
+    table = helper.make_tensor("table", TensorProto.FLOAT, [rows, dim],
+                               np.linspace(-1, 1, rows * dim).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"], axis=0, name="lookup"),
+         helper.make_node("Relu", ["e"], ["y"], name="relu")],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", dim])],
+        [table],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

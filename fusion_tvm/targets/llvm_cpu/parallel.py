@@ -85,24 +85,24 @@ def parallel_pays(hw: HardwareSpec, work_s: float | None, chunks: int | None = N
     return work_s > PARALLEL_WORK_FACTOR * hw.parallel_overhead_s
 
 
+def _contraction_pays(hw: HardwareSpec, cls: OpClass, rule: str, flops: float | None,
+                      tasks: int | None) -> bool:
+    if flops is None:
+        return parallel_pays(hw, None, tasks)
+    shape = "small" if flops < (1 << 21) else "large"
+    return parallel_pays(hw, serial_seconds(hw, {cls: flops}, 0.0, rule, shape), tasks)
+
+
 def matmul_tile_pays(hw: HardwareSpec, flops: float | None, tiles: int | None) -> bool:
     """Whether the register tiles of a GEMM (``flops`` in all) run in parallel."""
-    if flops is None:
-        return parallel_pays(hw, None, tiles)
-    cls = "small" if flops < (1 << 21) else "large"
-    return parallel_pays(hw, serial_seconds(hw, {OpClass.MATMUL: flops}, 0.0, "matmul", cls),
-                         tiles)
+    return _contraction_pays(hw, OpClass.MATMUL, "matmul", flops, tiles)
 
 
 def conv_parallel_pays(hw: HardwareSpec, flops: float | None, tasks: int | None) -> bool:
     """Whether the output rows of a convolution (``flops`` in all, ``tasks`` iterations of
     the fused batch x channel-tile x row loop) run in parallel. A conv with a 1 x 1 or 2 x 2
     output has too few tasks, a small depthwise layer too little work, for the fork/join."""
-    if flops is None:
-        return parallel_pays(hw, None, tasks)
-    cls = "small" if flops < (1 << 21) else "large"
-    return parallel_pays(hw, serial_seconds(hw, {OpClass.CONV: flops}, 0.0, "conv2d", cls),
-                         tasks)
+    return _contraction_pays(hw, OpClass.CONV, "conv2d", flops, tasks)
 
 
 def repack_pays(hw: HardwareSpec, weights: float | None, chunks: int | None) -> bool:
