@@ -225,18 +225,18 @@ class _BlockedRewriter(relax.PyExprMutator):
 
     # Activation transforms as TE: AnnotateTIROpPattern marks the legalized
     # R.layout_transform opaque, which would keep it out of every fused group.
-    def _block(self, x: relax.Expr) -> relax.Expr:
+    def _block(self, x: relax.Expr, block: int | None = None) -> relax.Expr:
+        b = block or self.b
         if isinstance(x, tvm.ir.expr.Constant):  # folded at compile time
-            return relax.op.layout_transform(x, self.block_map)
-        b = self.b
+            return relax.op.layout_transform(x, _block_map(b))
         return self.builder_.call_te(
             lambda t: te.compute(
                 (t.shape[0], t.shape[1] // b, t.shape[2], t.shape[3], b),
                 lambda n, c, h, w, ci: t[n, c * b + ci, h, w], name="to_nchwc"),
             x, primfunc_name_hint="to_nchwc")
 
-    def _unblock(self, x: relax.Expr) -> relax.Expr:
-        b = self.b
+    def _unblock(self, x: relax.Expr, block: int | None = None) -> relax.Expr:
+        b = block or self.b
         return self.builder_.call_te(
             lambda t: te.compute(
                 (t.shape[0], t.shape[1] * b, t.shape[2], t.shape[3]),
@@ -331,6 +331,8 @@ class _BlockedRewriter(relax.PyExprMutator):
         if dims is not None and dims[2] == 1 and dims[0] < self.b and dims[1] % self.b == 0 \
                 and self._twin(call.args[0]) is None:
             return self._narrow_input_conv(call, args, dims[0])
+        if dims is not None and dims[2] == 1:
+            return self._mixed_block_conv(call, args, dims[0], dims[1])
         twin = self._twin(call.args[0])
         if dims is None or twin is None:
             return None
@@ -348,6 +350,38 @@ class _BlockedRewriter(relax.PyExprMutator):
         )
         return "blocked", expr
 
+
+    def _mixed_block_conv(self, call: relax.Call, args, cin: int,
+                          cout: int) -> tuple[str, relax.Expr] | None:
+        """A dense conv whose channels the network's block does not divide (MobileNetV2's
+        24-channel stage under b = 16, left in NCHW by ConvertLayout): each side blocked by
+        the largest power of two from ``MIN_MIXED_BLOCK`` to ``b`` dividing it, the input
+        read from its blocked twin when it has one; an output block narrower than ``b`` is
+        unblocked after the conv (NCHW for its consumers)."""
+        twin = self._twin(call.args[0])
+        if twin is not None and cin % self.b == 0:
+            data, bi = twin, self.b
+        else:
+            bi = _pow2_block(cin, self.b)
+            if bi is None:
+                return None
+            data = self.builder_.emit(self._block(args[0], bi), name_hint="data_nchwc")
+        bo = _pow2_block(cout, self.b)
+        if bo is None:
+            return None
+        packed = tirx.IndexMap.from_func(
+            lambda o, i, h, w: (o // bo, i // bi, h, w, i % bi, o % bo))
+        weight = self.builder_.emit(relax.op.layout_transform(args[1], packed),
+                                    name_hint="w_nchwc")
+        a = call.attrs
+        expr = self.builder_.call_te(
+            conv2d_nchwc_te, data, weight, a.strides, a.padding, a.dilation,
+            str(call.ty.dtype), primfunc_name_hint="conv2d_nchwc",
+        )
+        if bo == self.b:
+            return "blocked", expr
+        out = self.builder_.emit(expr, name_hint="conv_nchwc")
+        return "plain", self._unblock(out, bo)
 
     def _narrow_input_conv(self, call: relax.Call, args, cin: int) -> tuple[str, relax.Expr]:
         """A dense conv with fewer input channels than the block (an RGB stem): the input
@@ -370,6 +404,21 @@ class _BlockedRewriter(relax.PyExprMutator):
             str(call.ty.dtype), primfunc_name_hint="conv2d_nchwc",
         )
         return "blocked", expr
+
+
+#: Narrowest channel block of a conv the network block does not divide (narrower vectors
+#: than this lose to the NCHW row kernel).
+MIN_MIXED_BLOCK = 8
+
+
+def _pow2_block(channels: int, block: int) -> int | None:
+    """The largest power of two in ``[MIN_MIXED_BLOCK, block]`` dividing ``channels``."""
+    b = block
+    while b >= MIN_MIXED_BLOCK:
+        if channels % b == 0:
+            return b
+        b //= 2
+    return None
 
 
 def _is_load(expr) -> bool:

@@ -10,6 +10,7 @@ import tvm
 from tvm import relax
 
 import fusion_tvm
+from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.errors import UnknownNameError
 from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
 from fusion_tvm.passes.cpu_layout import ConvertToNCHWc, choose_block
@@ -160,3 +161,36 @@ def test_onnx_cnn_matches_onnxruntime(name, kwargs, hw):
     np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
     rules = _rules(compiled)
     assert rules["conv2d_nchwc"] >= 10 and rules["fallback"] == 0
+
+
+def _mixed(batch: int = 1) -> tvm.IRModule:
+    """3x3 convs on 32 channels (block 16) around a 1x1 bottleneck of 24 channels, which 16
+    does not divide (MobileNetV2's 24-channel stage), with a residual add at 24 channels."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, 32, 14, 14), "float32"))
+    nn = relax.op.nn
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(nn.relu(nn.conv2d(x, _const(32, 32, 3, 3), padding=1)))
+            p = bb.emit(nn.conv2d(y, _const(24, 32, 1, 1)))  # 32 -> 24
+            r = bb.emit(relax.op.add(p, nn.conv2d(p, _const(24, 24, 1, 1))))  # 24 -> 24
+            e = bb.emit(nn.relu(nn.conv2d(r, _const(32, 24, 1, 1))))  # 24 -> 32
+            out = bb.emit_output(nn.conv2d(e, _const(32, 32, 3, 3), padding=1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_channels_the_block_does_not_divide_get_a_narrower_block():
+    mod = _mixed()
+    assert choose_block(mod, 16) == 16
+    text = ConvertToNCHWc(lanes=16)(mod)["main"].script(show_meta=False)
+    assert text.count("R.nn.conv2d(") == 0  # every conv blocked, 24 channels by 8
+    assert ", 3, 14, 14, 8)" in text  # the 24-channel tensors as 3 blocks of 8
+    if not _has_avx512():
+        pytest.skip("the build check needs 16 fp32 lanes (AVX-512) for a block of 16")
+    hw = get_hardware("host")
+    x = RNG.standard_normal((1, 32, 14, 14)).astype("float32")
+    blocked = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="nchwc"), hw=hw)
+    native = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="native"), hw=hw)
+    assert _rules(blocked)["conv2d"] == 0 and _rules(blocked)["fallback"] == 0
+    np.testing.assert_allclose(_run(blocked, x), _run(native, x), rtol=1e-4, atol=1e-4)
