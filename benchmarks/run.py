@@ -123,12 +123,14 @@ def rule_coverage(cm) -> dict | None:
     fallback, scheduled; FLOPs by rule."""
     from tvm import tirx
 
+    from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
+
     plan = getattr(cm, "plan", None)
     if plan is None or not plan.groups:
         return None
-    rules = {gv.name_hint: str(f.attrs["fusion_tvm.rule"])
+    rules = {gv.name_hint: str(f.attrs[RULE_ATTR])
              for gv, f in cm.fused_mod.functions.items()
-             if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs}
+             if isinstance(f, tirx.PrimFunc) and f.attrs and RULE_ATTR in f.attrs}
     by_rule: dict[str, float] = {}
     for g in plan.groups:
         rule = rules.get(g.kernel, "unscheduled")

@@ -133,7 +133,7 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
     return FusionDecision.allow()
 
 
-def _reachable(edges, node: int, within: frozenset[int]) -> set[int]:
+def reachable(edges, node: int, within: frozenset[int]) -> set[int]:
     """Nodes of ``within`` reachable from ``node`` along ``edges`` (preds or succs)."""
     seen: set[int] = set()
     stack = [p for p in edges[node] if p in within]
@@ -146,7 +146,7 @@ def _reachable(edges, node: int, within: frozenset[int]) -> set[int]:
 
 
 def _ancestors(graph: FusionGraph, node: int, within: frozenset[int]) -> set[int]:
-    return _reachable(graph.preds, node, within)
+    return reachable(graph.preds, node, within)
 
 
 def classify(graph: FusionGraph, group: Iterable[int]) -> GroupKind:
@@ -300,7 +300,7 @@ def attention_chain(graph: FusionGraph, group: frozenset[int]) -> bool:
 
 
 def _descendants(graph: FusionGraph, node: int, within: frozenset[int]) -> set[int]:
-    return _reachable(graph.succs, node, within)
+    return reachable(graph.succs, node, within)
 
 
 def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionDecision:

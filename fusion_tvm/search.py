@@ -26,6 +26,7 @@ from .legality import (
     TemplateLimits,
     is_legal,
     quotient_is_acyclic,
+    reachable,
 )
 
 
@@ -88,21 +89,11 @@ def _connected_groups(graph: FusionGraph, limit: int) -> Iterator[frozenset[int]
 
 def _prologue_ops(graph: FusionGraph, group: frozenset[int]) -> int:
     """Members of ``group`` that feed one of its contractions (its prologue)."""
-    count = 0
+    above: set[int] = set()
     for n in group:
         if graph.nodes[n].is_contraction:
-            continue
-        stack, seen = [n], {n}
-        while stack:
-            u = stack.pop()
-            if u != n and graph.nodes[u].is_contraction:
-                count += 1
-                break
-            for v in graph.succs[u]:
-                if v in group and v not in seen:
-                    seen.add(v)
-                    stack.append(v)
-    return count
+            above |= reachable(graph.preds, n, group)
+    return sum(1 for n in above if not graph.nodes[n].is_contraction)
 
 
 def exact_partition(

@@ -136,7 +136,7 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
     return sum(1 for e in elems if e >= PARALLEL_MIN_ELEMENTS)
 
 
-def _operand_reads(graph: FusionGraph, node, k: int, dims, hw) -> float:
+def _operand_reads(node, k: int, dims, hw) -> float:
     """Evaluations of an inlined producer per element of input ``k`` of ``node``.
 
     A contraction's A operand (``k = 0``) is loaded once per register tile of output
@@ -272,7 +272,7 @@ class RooflineCostModel(CostModel):
                     cnode = graph.nodes[c]
                     reads = sum(
                         _row_reads(graph, cnode, k, tid) if rowwise else
-                        _operand_reads(graph, cnode, k, dims, hw)
+                        _operand_reads(cnode, k, dims, hw)
                         for k, tid in enumerate(cnode.inputs) if tid == out
                     )
                     m += mult[c] * reads

@@ -36,9 +36,9 @@ class IndexRange:
         if values.size == 0 or values.dtype.kind not in "iu":
             return None
         low = -self.size if self.allow_negative else 0
-        bad = (values < low) | (values >= self.size)
-        if not bad.any():
+        if values.min() >= low and values.max() < self.size:  # every run: no mask
             return None
+        bad = (values < low) | (values >= self.size)
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         return (f"input '{self.name}' has value {int(values[where])} at index {where}, out of "
                 f"range [{low}, {self.size}): it indexes a gather (embedding lookup) over "

@@ -46,8 +46,8 @@ _RAISE = {tirx.Max: relax.op.maximum, tirx.Min: relax.op.minimum, tirx.Add: rela
           tirx.Sub: relax.op.subtract, tirx.Mul: relax.op.multiply}
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: Pooling moved into the blocked layout when its input is blocked (per-channel windows).
-_POOL_OPS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d"))
-_POOL = frozenset(_POOL_OPS)
+_POOL = {tvm.ir.Op.get("relax.nn.max_pool2d"): relax.op.nn.max_pool2d,
+         tvm.ir.Op.get("relax.nn.avg_pool2d"): relax.op.nn.avg_pool2d}
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _BLOCKED_KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
 
@@ -277,9 +277,7 @@ class _BlockedRewriter(relax.PyExprMutator):
             twin = self._twin(value.args[0])
             if twin is not None:  # pooled in the blocked layout: no unblock / block around it
                 a = value.attrs
-                pool = relax.op.nn.max_pool2d if value.op.same_as(_POOL_OPS[0]) \
-                    else relax.op.nn.avg_pool2d
-                self._emit_blocked(binding, pool(
+                self._emit_blocked(binding, _POOL[value.op](
                     twin, a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
                     bool(a.count_include_pad), layout=f"NCHW{self.b}c"))
                 return None
@@ -328,9 +326,6 @@ class _BlockedRewriter(relax.PyExprMutator):
             )
             return "plain", expr
         dims = _conv_dims(call)
-        if dims is not None and dims[2] == 1 and dims[0] < self.b and dims[1] % self.b == 0 \
-                and self._twin(call.args[0]) is None:
-            return self._narrow_input_conv(call, args, dims[0])
         if dims is not None and dims[2] == 1:
             return self._mixed_block_conv(call, args, dims[0], dims[1])
         twin = self._twin(call.args[0])
@@ -350,19 +345,23 @@ class _BlockedRewriter(relax.PyExprMutator):
         )
         return "blocked", expr
 
-
     def _mixed_block_conv(self, call: relax.Call, args, cin: int,
                           cout: int) -> tuple[str, relax.Expr] | None:
-        """A dense conv whose channels the network's block does not divide (MobileNetV2's
-        24-channel stage under b = 16, left in NCHW by ConvertLayout): each side blocked by
-        the largest power of two from ``MIN_MIXED_BLOCK`` to ``b`` dividing it, the input
-        read from its blocked twin when it has one; an output block narrower than ``b`` is
-        unblocked after the conv (NCHW for its consumers)."""
+        """A dense conv ConvertLayout left in NCHW because the network's block ``b`` does
+        not divide its channels, lowered to the blocked kernel all the same.
+
+        Input: its blocked twin when it has one; else, with fewer channels than ``b`` (an
+        RGB stem) and a blocked output, one block of all ``cin`` channels (the NCHW kernel
+        vectorises output columns, which a strided stem turns into gathers: ResNet's 7x7/2
+        stem ran at 14 GFLOP/s); else the largest power of two from ``MIN_MIXED_BLOCK`` to
+        ``b`` dividing ``cin`` (MobileNetV2's 24-channel stage under b = 16). Output: blocked
+        the same way; a block narrower than ``b`` is unblocked after the conv (NCHW for its
+        consumers)."""
         twin = self._twin(call.args[0])
         if twin is not None and cin % self.b == 0:
             data, bi = twin, self.b
         else:
-            bi = _pow2_block(cin, self.b)
+            bi = cin if cin < self.b and cout % self.b == 0 else _pow2_block(cin, self.b)
             if bi is None:
                 return None
             data = self.builder_.emit(self._block(args[0], bi), name_hint="data_nchwc")
@@ -382,28 +381,6 @@ class _BlockedRewriter(relax.PyExprMutator):
             return "blocked", expr
         out = self.builder_.emit(expr, name_hint="conv_nchwc")
         return "plain", self._unblock(out, bo)
-
-    def _narrow_input_conv(self, call: relax.Call, args, cin: int) -> tuple[str, relax.Expr]:
-        """A dense conv with fewer input channels than the block (an RGB stem): the input
-        becomes one block of all ``cin`` channels, ``[N, 1, H, W, cin]``, the output is
-        blocked as usual. The NCHW kernel vectorises output columns, which a strided stem
-        turns into gathers (7x7/2 stem of ResNet: 14 GFLOP/s); here the ``b`` output
-        channels are the vector and input elements are broadcast."""
-        a, b = call.attrs, self.b
-        data = self.builder_.emit(self.builder_.call_te(
-            lambda t: te.compute(
-                (t.shape[0], 1, t.shape[2], t.shape[3], cin),
-                lambda n, c, h, w, ci: t[n, ci, h, w], name="to_nchwc"),
-            args[0], primfunc_name_hint="to_nchwc"), name_hint="data_nchwc")
-        packed = tirx.IndexMap.from_func(
-            lambda o, i, h, w: (o // b, i // cin, h, w, i % cin, o % b))
-        weight = self.builder_.emit(relax.op.layout_transform(args[1], packed),
-                                    name_hint="w_nchwc")
-        expr = self.builder_.call_te(
-            conv2d_nchwc_te, data, weight, a.strides, a.padding, a.dilation,
-            str(call.ty.dtype), primfunc_name_hint="conv2d_nchwc",
-        )
-        return "blocked", expr
 
 
 #: Narrowest channel block of a conv the network block does not divide (narrower vectors

@@ -15,6 +15,11 @@ def float_model(nodes, inputs, outputs, inits=(), domains=(), name="bad"):
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
         list(inits),
     )
+    return _model(graph, domains)
+
+
+def _model(graph, domains=()):
+    """``graph`` as an opset-17, IR-8 model; ``domains`` adds version-1 custom opsets."""
     opsets = [helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in domains]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
@@ -44,6 +49,4 @@ def embedding_model(rows: int = 10, dim: int = 4):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", dim])],
         [table],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _model(graph)

@@ -8,14 +8,12 @@ from collections.abc import Sequence
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
+from ...tir_analysis import analyze_primfunc
 from .parallel import elementwise_seconds, parallel_pays
-
-#: Below this many output elements a kernel is not worth waking the thread pool for. Only
-#: the attention rule still uses it; the others ask :func:`parallel.parallel_pays`.
-MIN_PARALLEL_ELEMENTS = 1 << 14
 
 
 def lanes(hw: HardwareSpec, dtype_bits: int) -> int:
@@ -78,11 +76,19 @@ def nest_flops(sch: s_tir.Schedule, loops) -> float | None:
     return None if None in extents else 2.0 * math.prod(extents)
 
 
+def static_flops(func: tirx.PrimFunc) -> dict | None:
+    """FLOPs by op class of all of ``func``'s blocks (a softmax's polynomial exp included),
+    or None when an extent is symbolic."""
+    info = analyze_primfunc(func)
+    if any(not isinstance(e, (int, tirx.IntImm)) for b in info.blocks for e in b.domain):
+        return None
+    return info.flops({})
+
+
 def identity_copy(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """Whether ``block`` only copies another buffer element for element (same indices)."""
     body = sch.get(block).body
-    if not isinstance(body, tirx.BufferStore) or type(body.value).__name__ not in (
-            "TensorLoad", "BufferLoad"):
+    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, TensorLoad):
         return False
     src, dst = body.value.indices, body.indices
     return len(src) == len(dst) and all(a.same_as(b) for a, b in zip(src, dst, strict=True))

@@ -30,7 +30,6 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
-from ...tir_analysis import analyze_primfunc
 from ..base import ScheduleRule
 from ._util import (
     dtype_bits,
@@ -42,6 +41,7 @@ from ._util import (
     parallel_vectorize,
     root_blocks,
     static_extent,
+    static_flops,
 )
 from .parallel import parallel_pays, serial_seconds
 from .reduction import (
@@ -216,11 +216,9 @@ def attention_parallel_pays(hw: HardwareSpec, func: tirx.PrimFunc, rows: int | N
     """Whether the query-row loop runs in parallel: the kernel's serial time (its FLOPs at
     the matmul rule's calibrated rate) against the thread pool's fork/join
     (:func:`parallel.parallel_pays`); symbolic extents are assumed large."""
-    info = analyze_primfunc(func)
-    if rows is None or any(not isinstance(e, (int, tirx.IntImm))
-                           for b in info.blocks for e in b.domain):
+    flops = static_flops(func)
+    if rows is None or flops is None:
         return parallel_pays(hw, None, None)
-    flops = info.flops({})
     return parallel_pays(hw, serial_seconds(hw, flops, 0.0, "matmul", "small"),
                          -(-rows // ROW_TILE))
 

@@ -246,17 +246,18 @@ def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None
     its rows in parallel (:func:`reduction_pays`); the padding before it (unless the window
     runs over ``NCHW[b]c`` lanes, which read it inline) and the fused epilogue after it
     (inlined into one block) each a spatial pass of their own."""
-    from ...tir_analysis import shape_elems
+    from ...legality import reachable
+    from ...tir_analysis import evaluate, shape_elems
     from .reduction import MAX_WINDOW
 
     owners = [(n, b) for n in sorted(group) if graph.nodes[n].info is not None
               for b in graph.nodes[n].info.blocks]
-    reductions = [(n, b) for n, b in owners if b.num_reduce_axes]
-    if len(reductions) != 1:
+    at = [k for k, (_, b) in enumerate(owners) if b.num_reduce_axes]
+    if len(at) != 1:
         return None
-    node_id, red = reductions[0]
+    node_id, red = owners[at[0]]
     n_spatial = len(red.domain) - red.num_reduce_axes
-    extents = [float(evaluate_dim(d, graph.dims)) for d in red.domain]
+    extents = [float(evaluate(d, graph.dims)) for d in red.domain]
     window = math.prod(extents[n_spatial:])
     if window > MAX_WINDOW or n_spatial < 2:
         return None
@@ -264,38 +265,19 @@ def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None
     count = int(reduction_pays(hw, total * window, int(math.prod(extents[:n_spatial - 1]))))
     width = max(1, hw.simd_width_bits // 32)
     lanes_inner = n_spatial == 5 and 4 <= extents[n_spatial - 1] <= 4 * width  # NCHW[b]c
-    passes = [b.domain for n, b in owners if n == node_id and b is not red and not lanes_inner
-              and owners.index((n, b)) < owners.index((node_id, red))]  # padding
-    after = [t for n in group if n != node_id and n in _descendants(graph, node_id, group)
-             for t in graph.nodes[n].outputs[:1]]
+    passes = [] if lanes_inner else [  # the padding: blocks of the pool's op before it
+        b.domain for n, b in owners[:at[0]] if n == node_id]
+    below = reachable(graph.succs, node_id, group)
+    after = [graph.nodes[n].outputs[0] for n in sorted(below) if graph.nodes[n].outputs]
     if after:  # the epilogue chain, inlined into its last block
         passes.append(max((graph.tensors[t].shape for t in after),
                           key=lambda sh: shape_elems(sh, graph.dims)))
     for domain in passes:
         elems = shape_elems(domain, graph.dims)
-        last = float(evaluate_dim(domain[-1], graph.dims)) if domain else 1.0
-        chunks = int(elems / max(last, 1.0)) if len(domain) > 1 else \
-            math.ceil(elems / max(1, hw.simd_width_bits // 32))
+        last = float(evaluate(domain[-1], graph.dims)) if domain else 1.0
+        chunks = int(elems / max(last, 1.0)) if len(domain) > 1 else math.ceil(elems / width)
         count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0), chunks)
     return count
-
-
-def _descendants(graph, node_id: int, group: frozenset[int]) -> set[int]:
-    """Members of ``group`` reachable from ``node_id`` by dataflow edges."""
-    seen, stack = set(), [node_id]
-    while stack:
-        for v in graph.succs[stack.pop()]:
-            if v in group and v not in seen:
-                seen.add(v)
-                stack.append(v)
-    return seen
-
-
-def evaluate_dim(d, dims) -> float:
-    """A (possibly symbolic) extent at the evaluation point ``dims``."""
-    from ...tir_analysis import evaluate
-
-    return evaluate(d, dims)
 
 
 def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: HardwareSpec) -> int:

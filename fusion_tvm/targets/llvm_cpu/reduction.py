@@ -19,7 +19,6 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
-from ...tir_analysis import analyze_primfunc
 from ..base import ScheduleRule
 from ._util import (
     dtype_bits,
@@ -31,6 +30,7 @@ from ._util import (
     parallel_vectorize,
     root_blocks,
     static_extent,
+    static_flops,
     vector_friendly,
 )
 from .parallel import reduction_pays, row_kernel_pays
@@ -82,15 +82,6 @@ def _row_local(sch: s_tir.Schedule, blocks: list[SBlockRV], rows: int) -> bool:
                         and rng.extent.value == 1):
                     return False
     return True
-
-
-def group_work(func: tirx.PrimFunc) -> float | None:
-    """All arithmetic of a row-wise kernel (the polynomial exp of a softmax included), or
-    None for symbolic extents: the work its parallel decision weighs."""
-    info = analyze_primfunc(func)
-    if any(not isinstance(e, (int, tirx.IntImm)) for b in info.blocks for e in b.domain):
-        return None
-    return max(1.0, sum(info.flops({}).values()))
 
 
 def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first: int) -> None:
@@ -277,8 +268,9 @@ class Reduction(ScheduleRule):
         extents = [static_extent(sch, lp) for lp in loops]
         elements = None if None in extents else math.prod(extents)
         row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-        flops = group_work(func) if elements is not None else None
-        if row_kernel_pays(hw, flops, 8.0 * (elements or 0), static_extent(sch, row)):
+        flops = static_flops(func)  # all the kernel's arithmetic (a softmax's exp too)
+        work = None if flops is None else max(1.0, sum(flops.values()))
+        if row_kernel_pays(hw, work, 8.0 * (elements or 0), static_extent(sch, row)):
             sch.parallel(row)
         if anchor_last:
             for block in reversed(blocks[:-1]):
