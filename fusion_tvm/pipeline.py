@@ -4,7 +4,8 @@ Phases (each a ``tvm.transform.Sequential``):
 
 1. **prepare** — inference simplifications, legalization, op-pattern annotation;
 2. **fuse** — ``FuseByCostModel`` (or FuseOps / nothing, for baselines) then ``FuseTIR``;
-3. **schedule** — the target backend's rules (``ApplyTargetSchedule``);
+3. **schedule** — the target backend's rules (``ApplyTargetSchedule``), constant weights
+   packed at compile time (``MarkConstantParams``, ``PrepackWeights``);
 4. **lower** — the stock VM lowering (no further fusion).
 
 ``relax.register_pipeline("fusion_tvm")`` makes ``tvm.compile(mod, target,
@@ -29,7 +30,9 @@ from .passes.combine_siblings import combine_siblings
 from .passes.expand_small_powers import ExpandSmallPowers
 from .passes.fast_math import FastMath
 from .passes.fuse_by_cost_model import FuseByCostModel
+from .passes.mark_constant_params import MarkConstantParams
 from .passes.mark_noalias import MarkShapeFuncsNoAlias
+from .passes.prepack_weights import PrepackWeights
 from .passes.sort_shape_func_stores import SortShapeFuncStores
 from .passes.split_to_slices import SplitToSlices
 from .search import SearchConfig
@@ -148,7 +151,13 @@ def make_pipeline(
         fuse = []
     from .passes.apply_target_schedule import ApplyTargetSchedule
 
-    sched = [ApplyTargetSchedule(backend, hw)] if schedule else []
+    # Rules learn which inputs are constants; packing stages of constants then run once,
+    # here, instead of on every call.
+    sched = (
+        [MarkConstantParams(), ApplyTargetSchedule(backend, hw), PrepackWeights()]
+        if schedule
+        else []
+    )
     return PipelineParts(
         prepare=tvm.transform.Sequential(
             prepare_passes(backend, (config or SearchConfig()).kinds, hw),

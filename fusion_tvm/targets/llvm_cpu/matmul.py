@@ -31,6 +31,8 @@ from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits, get_index_
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
+from ...passes.mark_constant_params import CONSTANT_PARAMS_ATTR
+from ...passes.prepack_weights import PREPACK_ATTR
 from ..base import ScheduleRule
 from ._util import (
     inline_spatial,
@@ -60,13 +62,19 @@ class MatmulTiles:
 
 
 def derive_tiles(
-    hw: HardwareSpec, dtype_bits: int, m: int | None, n: int | None, b_j_contiguous: bool
+    hw: HardwareSpec,
+    dtype_bits: int,
+    m: int | None,
+    n: int | None,
+    b_j_contiguous: bool,
+    b_constant: bool = False,
 ) -> MatmulTiles:
     """Micro-kernel tile for ``hw``; ``m``/``n`` are None when symbolic.
 
     ``nr`` = two vectors (one broadcast of A feeds two FMAs); ``mr`` = the power of two
     whose accumulators take half the vector registers. Static ``n`` shrinks ``nr`` to the
-    widest power of two that divides it (no scalar tail), static ``m`` caps ``mr``.
+    widest power of two that divides it (no scalar tail), static ``m`` caps ``mr``. A
+    constant B is always packed: the packing runs once, at compile time.
     """
     vec = lanes(hw, dtype_bits)
     nr_vectors = 2 if hw.num_vector_registers >= 16 else 1
@@ -86,7 +94,9 @@ def derive_tiles(
     # in place. Measured (768x2304 and 3072x768, znver4, 1 thread), in place / packed:
     # 0.15-0.30 at M = 1, 0.55-0.73 at M = 16, 0.80 at M = 77, 1.04-1.11 at M = 128. A
     # symbolic M reads in place: small M is where packing costs most.
-    pack_b = not b_j_contiguous or (m is not None and m >= PACK_MIN_ROW_TILES * mr)
+    pack_b = (
+        b_constant or not b_j_contiguous or (m is not None and m >= PACK_MIN_ROW_TILES * mr)
+    )
     return MatmulTiles(mr=mr, nr=nr, pack_b=pack_b)
 
 
@@ -284,6 +294,12 @@ def _fuse_rows(sch: s_tir.Schedule, block: SBlockRV, rows: tuple) -> bool:
     return True
 
 
+def _constant_param(func: tirx.PrimFunc, buf) -> bool:
+    """Whether ``buf`` is a parameter every caller passes as a constant."""
+    constant = (func.attrs or {}).get(CONSTANT_PARAMS_ATTR, [])
+    return any(func.params[int(i)].same_as(buf) for i in constant)
+
+
 def _is_alloc(sch: s_tir.Schedule, buf) -> bool:
     """Whether ``buf`` is allocated inside the function (not a parameter)."""
     return any(b.same_as(buf) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
@@ -313,6 +329,7 @@ class Matmul(ScheduleRule):
         # B read in place must stay contiguous along j once its producers are inlined.
         b_contiguous = _b_j_contiguous(main_stmt) and _chain_keeps_last_axis(sch, main, 1)
         bits = int(main_stmt.writes[0].source.dtype.bits)
+        b_constant = _constant_param(sch.mod["main"], main_stmt.reads[1].source)
 
         inner_i, inner_j = _fused_inner_extents(main_stmt)
 
@@ -327,7 +344,7 @@ class Matmul(ScheduleRule):
         sch.transform_block_layout(main, block_map)
         batch, i, j, k = sch.get_loops(main)
         tiles = derive_tiles(
-            hw, bits, static_extent(sch, i), static_extent(sch, j), b_contiguous
+            hw, bits, static_extent(sch, i), static_extent(sch, j), b_contiguous, b_constant
         )
         mr, nr = tiles.mr, tiles.nr
         # When several loops fuse into I (or J), e.g. a batched A times a shared B, a tile
@@ -388,7 +405,9 @@ class Matmul(ScheduleRule):
             panels = sch.fuse(p_s, p_jo)
             sizes = [static_extent(sch, lp) for lp in (panels, p_k)]
             elements = None if None in sizes else sizes[0] * sizes[1] * nr
-            if pack_pays(hw, elements, bits, sizes[0]):
+            if b_constant and len(sch.get(packed).reads) == 1:
+                sch.annotate(packed, PREPACK_ATTR, 1)  # PrepackWeights runs it at compile time
+            elif pack_pays(hw, elements, bits, sizes[0]):
                 sch.parallel(panels)
             if vector_friendly(sch, packed, tiled=True):
                 with contextlib.suppress(ScheduleError):

@@ -336,12 +336,14 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
         transposed = b_transposed(graph, group, node)
         symbolic = [not isinstance(d, (int, tirx.IntImm))
                     for d in graph.tensors[node.outputs[0]].shape[-2:]]
+        # A constant B is packed at compile time (PrepackWeights): no pass at run time.
+        b_constant = graph.tensors[node.inputs[1]].is_constant
         tiles = derive_tiles(hw, 32, None if symbolic[0] else m, None if symbolic[1] else n_,
-                             not transposed)
+                             not transposed, b_constant)
         mr, nr = tiles.mr, tiles.nr
         k = int(round(flops.get(OpClass.MATMUL, 0.0) / max(1.0, 2.0 * batch * m * n_)))
         count = 0
-        if tiles.pack_b:
+        if tiles.pack_b and not b_constant:
             panels = batch * math.ceil(n_ / nr)
             count += pack_pays(hw, panels * k * nr, 32, panels)
         if symbolic[0] or m % mr:  # A padded to whole row tiles: one more spatial pass

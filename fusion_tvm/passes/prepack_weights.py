@@ -1,0 +1,187 @@
+"""PrepackWeights: run the weight-packing stage of a kernel once, at compile time.
+
+A schedule rule that repacks a constant input (the matmul rule's B panels) marks the
+packing block with :data:`PREPACK_ATTR`. The block's root-level loop nest reads one
+parameter that every caller passes as a constant (``MarkConstantParams``) and writes one
+buffer of the kernel. This pass splits such a kernel in two: the packing loop nest becomes
+a PrimFunc of its own, built and run here on each caller's constant; the kernel keeps its
+name and now takes the packed buffer in place of the original parameter. At run time the
+packing costs nothing (BERT-base packs 7 M weights a layer on every call otherwise).
+Runs after the schedule rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, s_tir, tirx
+
+from ..errors import InternalError
+from .mark_constant_params import CONSTANT_PARAMS_ATTR
+
+#: Block annotation a schedule rule puts on a packing block that may run at compile time.
+PREPACK_ATTR = "fusion_tvm.prepack"
+
+
+def _blocks(stmt) -> list:
+    """The SBlocks inside ``stmt`` (outermost first)."""
+    found = []
+    pending = [stmt]
+    while pending:
+        s = pending.pop()
+        if s is None:
+            continue
+        if isinstance(s, tirx.SeqStmt):
+            pending.extend(s.seq)
+        elif isinstance(s, s_tir.SBlockRealize):
+            pending.append(s.block)
+        elif isinstance(s, s_tir.SBlock):
+            found.append(s)
+            pending.append(s.body)
+        elif isinstance(s, tirx.IfThenElse):
+            pending.extend((s.then_case, s.else_case))
+        elif getattr(s, "body", None) is not None:
+            pending.append(s.body)
+    return found
+
+
+def _marked(block) -> bool:
+    return block.annotations is not None and PREPACK_ATTR in block.annotations
+
+
+def split_prepack(func: tirx.PrimFunc) -> tuple[list, tirx.PrimFunc] | None:
+    """Split ``func`` into its compile-time packing stages and the kernel that remains.
+
+    Returns ``(stages, kernel)`` with one ``(param_index, pack_func)`` per packed
+    parameter, or None when ``func`` has no packing stage that can run at compile time.
+    """
+    constant = {int(i) for i in (func.attrs or {}).get(CONSTANT_PARAMS_ATTR, [])}
+    root_realize = func.body
+    if not constant or not isinstance(root_realize, s_tir.SBlockRealize):
+        return None
+    root = root_realize.block
+    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    params = list(func.params)
+    stages, kept, packed_vars = [], [], []
+    for stmt in stmts:
+        blocks = _blocks(stmt)
+        if not blocks or not all(_marked(b) for b in blocks):
+            kept.append(stmt)
+            continue
+        sources = {r.source for b in blocks for r in b.reads}
+        targets = {w.source for b in blocks for w in b.writes}
+        index = next((i for i, p in enumerate(params) if p in sources), None)
+        if len(sources) != 1 or len(targets) != 1 or index is None or index not in constant:
+            kept.append(stmt)
+            continue
+        src, dst = params[index], next(iter(targets))
+        if not any(dst.same_as(a) for a in root.alloc_buffers):
+            kept.append(stmt)
+            continue
+        body = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", stmt))
+        pack = tirx.PrimFunc([src, dst], body).with_attrs(
+            {"tirx.noalias": True, "global_symbol": "main"}
+        )
+        stages.append((index, pack))
+        params[index] = dst
+        packed_vars.append(dst)
+    if not stages or not kept:
+        return None
+    allocs = [a for a in root.alloc_buffers if not any(a.same_as(p) for p in packed_vars)]
+    new_root = s_tir.SBlock(
+        [], [], [], root.name_hint, tirx.SeqStmt(kept) if len(kept) > 1 else kept[0],
+        root.init, allocs, root.match_buffers, root.annotations,
+    )
+    kernel = tirx.PrimFunc(
+        params, s_tir.SBlockRealize([], True, new_root), func.ret_type, func.attrs
+    )
+    return stages, kernel
+
+
+def _run_pack(executable, src: tvm.runtime.Tensor, dst_var) -> tvm.runtime.Tensor:
+    shape = [int(d) for d in dst_var.ty.shape]
+    out = tvm.runtime.tensor(np.zeros(shape, dtype=str(dst_var.ty.dtype)))
+    executable["main"](src, out)
+    return out
+
+
+@relax.expr_functor.mutator
+class _ConstantSwapper(relax.PyExprMutator):
+    """Calls of a split kernel go to its new GlobalVar with the packed constants."""
+
+    def __init__(self, mod, replace):
+        super().__init__(mod)
+        self.replace = replace  # kernel name -> (new GlobalVar, fields -> new fields)
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
+        call = super().visit_call_(call)
+        if not isinstance(call, relax.Call) or len(call.args) < 2:
+            return call
+        callee = call.args[0]
+        if not isinstance(callee, tvm.ir.GlobalVar) or callee.name_hint not in self.replace:
+            return call
+        new_gv, swap = self.replace[callee.name_hint]
+        fields = swap(call.args[1].fields)
+        return relax.Call(call.op, [new_gv, relax.Tuple(fields), *call.args[2:]], call.attrs,
+                          call.ty_args)
+
+
+@tvm.transform.module_pass(opt_level=0, name="PrepackWeights")
+class PrepackWeights:
+    """Move marked packing stages of constant inputs out of the kernels, run them now.
+
+    Parameters
+    ----------
+    target : tvm.target.Target
+        Where the packing functions are built to run at compile time (the host).
+    """
+
+    def __init__(self, target: tvm.target.Target | None = None):
+        self.target = target
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        """Return ``mod`` with prepacked constants and kernels that read them."""
+        splits = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and any(_marked(b) for b in _blocks(func.body)):
+                result = split_prepack(func)
+                if result is not None:
+                    splits[gv] = result
+        if not splits:
+            return mod
+        target = self.target or tvm.target.Target("llvm")
+        replace = {}
+        for gv, (stages, _kernel) in splits.items():
+            built = []
+            for index, pack in stages:
+                try:
+                    executable = tvm.compile(tvm.IRModule({"main": pack}), target=target)
+                except Exception as err:  # noqa: BLE001 - reported with the kernel's name
+                    raise InternalError(
+                        f"prepacking the constant input {index} of '{gv.name_hint}' failed: "
+                        f"{err}"
+                    ) from err
+                built.append((index, executable, pack.params[1]))
+
+            def swap(fields, built=built):
+                fields = list(fields)
+                for index, executable, dst in built:
+                    packed = _run_pack(executable, fields[index].value, dst)
+                    fields[index] = relax.const(packed)
+                return fields
+
+            replace[gv.name_hint] = swap
+        # The kernels change signature: they get new GlobalVars (same names).
+        names = {gv.name_hint for gv in splits}
+        base = tvm.IRModule(
+            {gv: f for gv, f in mod.functions_items() if gv.name_hint not in names},
+            attrs=mod.attrs, global_infos=mod.global_infos,
+        )
+        swapper = _ConstantSwapper(base, {})
+        for gv, (_stages, kernel) in splits.items():
+            new_gv = swapper.builder_.add_func(kernel, gv.name_hint)
+            swapper.replace[gv.name_hint] = (new_gv, replace[gv.name_hint])
+        for gv, func in list(base.functions_items()):
+            if isinstance(func, relax.Function):
+                swapper.builder_.update_func(gv, swapper.visit_expr(func))
+        return swapper.builder_.get()
