@@ -194,3 +194,22 @@ def test_channels_the_block_does_not_divide_get_a_narrower_block():
     native = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="native"), hw=hw)
     assert _rules(blocked)["conv2d"] == 0 and _rules(blocked)["fallback"] == 0
     np.testing.assert_allclose(_run(blocked, x), _run(native, x), rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_reads_its_padding_inline(builds):
+    """The blocked depthwise conv has no padded copy of its input: one root loop nest for
+    the conv and its epilogue, the zero border read by guarded loads (equality with the
+    NCHW build is test_nchwc_equals_nchw_build); the dense 3x3 convs keep theirs."""
+    from tvm import s_tir
+
+    roots = {}
+    for gv, f in builds["nchwc"].fused_mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and str(f.attrs.get(RULE_ATTR, "")) == \
+                "conv2d_nchwc":
+            sch = s_tir.Schedule(f)
+            roots[gv.name_hint] = [sch.get(b).name_hint
+                                   for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    depthwise = [r for n, r in roots.items() if "depthwise" in n]
+    assert len(depthwise) == 1 and not any("pad" in b for b in depthwise[0])
+    dense = [r for n, r in roots.items() if "depthwise" not in n]
+    assert any(any("pad" in b for b in r) for r in dense)

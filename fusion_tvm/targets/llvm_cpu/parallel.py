@@ -178,11 +178,38 @@ def b_transposed(graph, group, node) -> bool:
     return False
 
 
+def _lane_prologue(graph, group, tid: int) -> bool:
+    """Whether the ops of ``group`` producing ``tid`` are elementwise on one input tensor of
+    ``tid``'s shape (scalar constants aside): the padding block they inline into then reads
+    one tensor, lanes innermost, as the depthwise rule requires to inline it."""
+    from ...ops import PatternKind
+
+    shape = _dims(graph, tid)
+    external: set[int] = set()
+    pending, seen = [tid], set()
+    while pending:
+        t = pending.pop()
+        producer = graph.tensors[t].producer
+        if producer is None or producer not in group:
+            if math.prod(_dims(graph, t) or [1.0]) > 1:
+                external.add(t)
+            continue
+        if producer in seen:
+            continue
+        seen.add(producer)
+        node = graph.nodes[producer]
+        if node.pattern > PatternKind.BROADCAST or _dims(graph, node.outputs[0]) != shape:
+            return False
+        pending.extend(node.inputs)
+    return len(external) == 1 and _dims(graph, next(iter(external))) == shape
+
+
 def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> int | None:
     """Parallel loops of the conv rules' kernel for ``group`` around the convolution node
     ``conv``: the output rows (:func:`conv_parallel_pays` over the same task count the rule
-    fuses), the zero-padded input and a layout change after the conv (each one spatial pass,
-    ``parallel_vectorize``) and, for the NCHW channel-vector kernel, its weight repack. None
+    fuses), the zero-padded input (not for a blocked depthwise conv, which reads it inline)
+    and a layout change after the conv (each one spatial pass, ``parallel_vectorize``)
+    and, for the NCHW channel-vector kernel, its weight repack. None
     when the shapes are not the rules' (the generic count applies)."""
     from ...cost_models.roofline import _conv_kind
     from .conv2d import derive_channel_tiles, derive_tiles
@@ -224,7 +251,11 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
     pad = [max(0.0, (out[a] - 1) * st + k - data[a])
            for a, st, k in zip((2, 3), stride, (kh, kw), strict=True)]
     prologue = graph.tensors[conv.inputs[0]].producer in group
-    if pad[0] > 0 or pad[1] > 0 or prologue:
+    # A blocked depthwise conv reads its padding inline (no pass), and an elementwise
+    # prologue of one tensor with it.
+    inline_pad = len(out) == 5 and len(weight) == 5 and (
+        not prologue or _lane_prologue(graph, group, conv.inputs[0]))
+    if (pad[0] > 0 or pad[1] > 0 or prologue) and not inline_pad:
         padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
         chunks = int(padded / data[-1])
         count += parallel_pays(hw, elementwise_seconds(hw, padded, 8.0), chunks)
