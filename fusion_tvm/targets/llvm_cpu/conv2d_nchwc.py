@@ -22,7 +22,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
+from ...cost_models.hardware import HardwareSpec, OpClass
+from ...tir_analysis import _count
 from ..base import ScheduleRule
 from ._util import (
     inline_spatial,
@@ -35,6 +36,10 @@ from ._util import (
 )
 from .conv2d import _epilogue_at
 from .parallel import conv_parallel_pays
+
+#: Ops per element of a prologue a depthwise conv recomputes inline with its padding
+#: (a clip, a bias and ReLU, BN's multiply-add); a SiLU's polynomial sigmoid is not one.
+MAX_INLINE_PROLOGUE_OPS = 4
 
 
 @dataclass(frozen=True)
@@ -102,16 +107,28 @@ def _strided(sch: s_tir.Schedule, data, out) -> bool:
     return True
 
 
-def _pads_a_param(sch: s_tir.Schedule, block) -> bool:
-    """Whether ``block`` only zero-pads a function parameter, lanes kept innermost."""
+def _pad_ops(sch: s_tir.Schedule, block, depthwise: bool) -> int | None:
+    """Arithmetic ops per element of ``block`` when it zero-pads (an elementwise function
+    of) one function parameter with lanes kept innermost; None for any other block."""
     stmt = sch.get(block)
     if len(stmt.reads) != 1 or len(stmt.writes) != 1:
-        return False
+        return None
     source = stmt.reads[0].source
     if not any(p.same_as(source) for p in sch.mod["main"].params):
-        return False
+        return None
     lane = stmt.writes[0].region[-1].min
-    return isinstance(lane, tirx.Var) and stmt.reads[0].region[-1].min.same_as(lane)
+    if not isinstance(lane, tirx.Var) or not stmt.reads[0].region[-1].min.same_as(lane):
+        return None
+    value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
+    if value is None:
+        return None
+    if getattr(getattr(value, "op", None), "name", "").endswith("if_then_else"):
+        value = value.args[1]  # the padding's guard is not the prologue's work
+    ops: dict = {}
+    _count(value, ops, {}, set())
+    if ops.get(OpClass.TRANSCENDENTAL):
+        return None
+    return ops.get(OpClass.ELEMENTWISE, 0)
 
 
 class Conv2dNCHWc(ScheduleRule):
@@ -185,14 +202,19 @@ class Conv2dNCHWc(ScheduleRule):
         sch.unroll(xi)
         sch.vectorize(loop_of[lane_var])
         sch.decompose_reduction(main, reds[0])
-        if (depthwise or _strided(sch, data[0].source, stmt.writes[0].source)) \
-                and len(producers) == 1 and _pads_a_param(sch, producers[0]):
+        ops = _pad_ops(sch, producers[0], depthwise) if len(producers) == 1 else None
+        if ops is not None and (
+            depthwise and ops <= MAX_INLINE_PROLOGUE_OPS
+            or ops == 0 and _strided(sch, data[0].source, stmt.writes[0].source)
+        ):
             # A depthwise step is one FMA per loaded vector, and a strided conv reads only
             # part of its input: a padded copy of the input (a full extra write and read)
             # costs more than guarded loads reading the zeros inline (MobileNetV2's
             # stride-2 96-channel depthwise layer 218 -> 64 us, ResNet-18's 128-channel
             # stride-2 3x3 787 -> 514 us). A stride-1 dense conv reloads each input
-            # element kh * kw times from its copy: there inline guards cost 2x.
+            # element kh * kw times from its copy: there inline guards cost 2x. Inlined,
+            # a prologue runs once per tap (depthwise) or per tap and output block
+            # (dense): only a few cheap ops on a depthwise input go along.
             with contextlib.suppress(ScheduleError):
                 sch.compute_inline(producers[0])
                 producers = []

@@ -180,11 +180,15 @@ def b_transposed(graph, group, node) -> bool:
 
 def _lane_prologue(graph, group, tid: int) -> bool:
     """Whether the ops of ``group`` producing ``tid`` are elementwise on one input tensor of
-    ``tid``'s shape (scalar constants aside): the padding block they inline into then reads
-    one tensor, lanes innermost, as the depthwise rule requires to inline it."""
+    ``tid``'s shape (scalar constants aside) and cheap (at most ``MAX_INLINE_PROLOGUE_OPS``
+    per element, no transcendental): the padding block they inline into then reads one
+    tensor, lanes innermost, as the depthwise rule requires to inline it."""
     from ...ops import PatternKind
+    from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS
 
     shape = _dims(graph, tid)
+    elems = max(1.0, math.prod(shape))
+    work: dict = {}
     external: set[int] = set()
     pending, seen = [tid], set()
     while pending:
@@ -200,7 +204,12 @@ def _lane_prologue(graph, group, tid: int) -> bool:
         node = graph.nodes[producer]
         if node.pattern > PatternKind.BROADCAST or _dims(graph, node.outputs[0]) != shape:
             return False
+        for cls, f in node.flops(graph.dims).items():
+            work[cls] = work.get(cls, 0.0) + f
         pending.extend(node.inputs)
+    if work.get(OpClass.TRANSCENDENTAL) or \
+            work.get(OpClass.ELEMENTWISE, 0.0) / elems > MAX_INLINE_PROLOGUE_OPS + 1e-9:
+        return False
     return len(external) == 1 and _dims(graph, next(iter(external))) == shape
 
 
@@ -255,8 +264,9 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
     # elementwise prologue of one tensor with it.
     padded_extent = [data[a] + pad[a - 2] for a in (2, 3)]
     strided = all(round(p / out[a]) >= 2 for p, a in zip(padded_extent, (2, 3), strict=True))
-    inline_pad = len(out) == 5 and (len(weight) == 5 or strided) and (
-        not prologue or _lane_prologue(graph, group, conv.inputs[0]))
+    inline_pad = len(out) == 5 and (
+        len(weight) == 5 and (not prologue or _lane_prologue(graph, group, conv.inputs[0]))
+        or strided and not prologue)
     if (pad[0] > 0 or pad[1] > 0 or prologue) and not inline_pad:
         padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
         chunks = int(padded / data[-1])
