@@ -79,9 +79,7 @@ def split_prepack(func: tirx.PrimFunc) -> tuple[list, tirx.PrimFunc] | None:
             kept.append(stmt)
             continue
         body = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", stmt))
-        pack = tirx.PrimFunc([src, dst], body).with_attrs(
-            {"tirx.noalias": True, "global_symbol": "main"}
-        )
+        pack = tirx.PrimFunc([src, dst], body).with_attr("tirx.noalias", True)
         stages.append((index, pack))
         params[index] = dst
         packed_vars.append(dst)
@@ -98,10 +96,10 @@ def split_prepack(func: tirx.PrimFunc) -> tuple[list, tirx.PrimFunc] | None:
     return stages, kernel
 
 
-def _run_pack(executable, src: tvm.runtime.Tensor, dst_var) -> tvm.runtime.Tensor:
+def _run_pack(function, src: tvm.runtime.Tensor, dst_var) -> tvm.runtime.Tensor:
     shape = [int(d) for d in dst_var.ty.shape]
     out = tvm.runtime.tensor(np.zeros(shape, dtype=str(dst_var.ty.dtype)))
-    executable["main"](src, out)
+    function(src, out)
     return out
 
 
@@ -150,24 +148,30 @@ class PrepackWeights:
         if not splits:
             return mod
         target = self.target or tvm.target.Target("llvm")
-        replace = {}
+        # Every packing function in one module: one LLVM build for the whole model.
+        packs = {}
         for gv, (stages, _kernel) in splits.items():
-            built = []
             for index, pack in stages:
-                try:
-                    executable = tvm.compile(tvm.IRModule({"main": pack}), target=target)
-                except Exception as err:  # noqa: BLE001 - reported with the kernel's name
-                    raise InternalError(
-                        f"prepacking the constant input {index} of '{gv.name_hint}' failed: "
-                        f"{err}"
-                    ) from err
-                built.append((index, executable, pack.params[1]))
+                name = f"pack_{len(packs)}"
+                packs[name] = (gv.name_hint, index, pack.with_attr("global_symbol", name))
+        try:
+            executable = tvm.compile(
+                tvm.IRModule({n: p for n, (_, _, p) in packs.items()}), target=target
+            )
+        except Exception as err:  # noqa: BLE001 - reported with the kernels' names
+            raise InternalError(
+                "building the compile-time weight packing of "
+                f"{sorted({k for k, _, _ in packs.values()})} failed: {err}"
+            ) from err
+        replace = {}
+        for gv in splits:
+            built = [(index, executable[n], p.params[1])
+                     for n, (kernel, index, p) in packs.items() if kernel == gv.name_hint]
 
             def swap(fields, built=built):
                 fields = list(fields)
-                for index, executable, dst in built:
-                    packed = _run_pack(executable, fields[index].value, dst)
-                    fields[index] = relax.const(packed)
+                for index, function, dst in built:
+                    fields[index] = relax.const(_run_pack(function, fields[index].value, dst))
                 return fields
 
             replace[gv.name_hint] = swap
