@@ -97,7 +97,12 @@ def _depends(expr, variables) -> bool:
 
 def _strided(sch: s_tir.Schedule, data, out) -> bool:
     """Whether the conv reading (padded) ``data`` into ``out`` has a stride >= 2 along
-    rows and columns (the padded extent at least twice the output's)."""
+    rows and columns (the padded extent at least twice the output's) and a static batch.
+
+    With a symbolic batch the guarded loads measured 2.3x slower than the padded copy
+    (ResNet-18's stride-2 convs, batch N = 4: 5.0 against 2.2 ms; static: equal)."""
+    if not all(isinstance(d, tirx.IntImm) for d in out.shape):
+        return False
     for a in (2, 3):
         i, o = data.shape[a], out.shape[a]
         if not isinstance(i, tirx.IntImm) or not isinstance(o, tirx.IntImm) or o.value == 0:

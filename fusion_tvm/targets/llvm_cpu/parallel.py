@@ -263,7 +263,8 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
     # A blocked depthwise or strided conv reads its padding inline (no pass), and an
     # elementwise prologue of one tensor with it.
     padded_extent = [data[a] + pad[a - 2] for a in (2, 3)]
-    strided = all(round(p / out[a]) >= 2 for p, a in zip(padded_extent, (2, 3), strict=True))
+    strided = all(round(p / out[a]) >= 2 for p, a in zip(padded_extent, (2, 3), strict=True)) \
+        and all(isinstance(d, (int, tirx.IntImm)) for d in graph.tensors[conv.outputs[0]].shape)
     inline_pad = len(out) == 5 and (
         len(weight) == 5 and (not prologue or _lane_prologue(graph, group, conv.inputs[0]))
         or strided and not prologue)
