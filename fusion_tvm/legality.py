@@ -253,6 +253,10 @@ def check_templates(
         d = _epilogue_maps_onto(graph, group, c)
         if not d:
             return d
+    for r in (n for n in nodes if n.is_reduction):
+        d = _rows_map_once(graph, group, r)
+        if not d:
+            return d
     if contractions and not limits.contraction_with_reduction:
         reds = [n for n in nodes if n.is_reduction]
         if reds:
@@ -326,6 +330,25 @@ def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionD
                     f"({graph.tensors[out].name})"
                 )
         stack.extend(s for s in graph.succs[v] if s in group)
+    return FusionDecision.allow()
+
+
+def _rows_map_once(graph: FusionGraph, group: frozenset[int], r) -> FusionDecision:
+    """A reduction's consumers run on each finished row: a layout op after it that takes
+    one in-group tensor as several of its inputs (``Concat(t, t)``) writes rows the kernel
+    never visits twice (fuzz seed 30135: half the concat's output stayed zero)."""
+    from .ops import PatternKind
+
+    for v in _descendants(graph, r.id, group):
+        node = graph.nodes[v]
+        if node.pattern <= PatternKind.BROADCAST:
+            continue
+        inner = [t for t in node.inputs if graph.tensors[t].producer in group]
+        if len(inner) != len(set(inner)):
+            return FusionDecision.forbid(
+                f"{node.name} takes one value of the group as several inputs, so it cannot "
+                f"run on the rows of reduction {r.name}"
+            )
     return FusionDecision.allow()
 
 
