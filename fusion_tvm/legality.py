@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .cost_models.hardware import OpClass
 from .graph import FusionGraph
+from .ops import PatternKind
 
 
 class GroupKind(str, enum.Enum):
@@ -337,8 +338,6 @@ def _rows_map_once(graph: FusionGraph, group: frozenset[int], r) -> FusionDecisi
     """A reduction's consumers run on each finished row: a layout op after it that takes
     one in-group tensor as several of its inputs (``Concat(t, t)``) writes rows the kernel
     never visits twice (fuzz seed 30135: half the concat's output stayed zero)."""
-    from .ops import PatternKind
-
     for v in _descendants(graph, r.id, group):
         node = graph.nodes[v]
         if node.pattern <= PatternKind.BROADCAST:

@@ -141,7 +141,7 @@ class PrepackWeights:
         """Return ``mod`` with prepacked constants and kernels that read them."""
         splits = {}
         for gv, func in mod.functions_items():
-            if isinstance(func, tirx.PrimFunc) and any(_marked(b) for b in _blocks(func.body)):
+            if isinstance(func, tirx.PrimFunc):
                 result = split_prepack(func)
                 if result is not None:
                     splits[gv] = result

@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 
 from ...cost_models.hardware import HardwareSpec, OpClass
-from ...tir_analysis import _count
+from ...tir_analysis import count_ops
 from ..base import ScheduleRule
 from ._util import (
     inline_spatial,
@@ -95,7 +95,7 @@ def _depends(expr, variables) -> bool:
     return bool({v for v in tirx.analysis.undefined_vars(expr)} & set(variables))
 
 
-def _strided(sch: s_tir.Schedule, data, out) -> bool:
+def _strided(data, out) -> bool:
     """Whether the conv reading (padded) ``data`` into ``out`` has a stride >= 2 along
     rows and columns (the padded extent at least twice the output's) and a static batch.
 
@@ -112,7 +112,7 @@ def _strided(sch: s_tir.Schedule, data, out) -> bool:
     return True
 
 
-def _pad_ops(sch: s_tir.Schedule, block, depthwise: bool) -> int | None:
+def _pad_ops(sch: s_tir.Schedule, block) -> int | None:
     """Arithmetic ops per element of ``block`` when it zero-pads (an elementwise function
     of) one function parameter with lanes kept innermost; None for any other block."""
     stmt = sch.get(block)
@@ -129,8 +129,7 @@ def _pad_ops(sch: s_tir.Schedule, block, depthwise: bool) -> int | None:
         return None
     if getattr(getattr(value, "op", None), "name", "").endswith("if_then_else"):
         value = value.args[1]  # the padding's guard is not the prologue's work
-    ops: dict = {}
-    _count(value, ops, {}, set())
+    ops = count_ops(value)
     if ops.get(OpClass.TRANSCENDENTAL):
         return None
     return ops.get(OpClass.ELEMENTWISE, 0)
@@ -207,10 +206,10 @@ class Conv2dNCHWc(ScheduleRule):
         sch.unroll(xi)
         sch.vectorize(loop_of[lane_var])
         sch.decompose_reduction(main, reds[0])
-        ops = _pad_ops(sch, producers[0], depthwise) if len(producers) == 1 else None
+        ops = _pad_ops(sch, producers[0]) if len(producers) == 1 else None
         if ops is not None and (
             depthwise and ops <= MAX_INLINE_PROLOGUE_OPS
-            or ops == 0 and _strided(sch, data[0].source, stmt.writes[0].source)
+            or ops == 0 and _strided(data[0].source, stmt.writes[0].source)
         ):
             # A depthwise step is one FMA per loaded vector, and a strided conv reads only
             # part of its input: a padded copy of the input (a full extra write and read)
