@@ -23,6 +23,8 @@ from .pipeline import FusionMode, fusion_mode, make_pipeline
 from .plan import FusionPlan
 from .search import SearchConfig
 from .shape_hints import check_names, sample_values
+from .threads import use_all_cores
+from .tuning.database import TuningDatabase
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: Name of the catch-all schedule rule; a fused group landing on it is split again.
@@ -103,6 +105,8 @@ class CompiledModel:
     def vm(self) -> relax.VirtualMachine:
         """The Relax VM (created on first use)."""
         if self._vm is None:
+            if self.device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type():
+                use_all_cores()
             self._vm = relax.VirtualMachine(self.executable, self.device)
         return self._vm
 
@@ -193,6 +197,32 @@ def flatten_outputs(value) -> list[np.ndarray]:
     return out
 
 
+def fuse_and_schedule(loaded: LoadedModel, make, search: SearchConfig | None, schedule: bool):
+    """Run the prepare, fuse and schedule phases of ``make(config)``'s pipeline.
+
+    A fused group that only the unoptimised fallback could schedule is forbidden and the
+    search runs again (a few rounds at most). Returns the final pipeline parts, the fused
+    module before scheduling and the scheduled module.
+    """
+    parts = make(search)
+    with parts.target:
+        prepared = parts.prepare(loaded.mod)
+        fused = parts.fuse(prepared)
+        mod = parts.schedule(fused)
+        config = search or SearchConfig()
+        for _ in range(FEEDBACK_ROUNDS):
+            if parts.fuse_pass is None or not schedule:
+                break
+            failed = fallback_groups(mod, parts.fuse_pass.plan)
+            if not failed:
+                break
+            config = dataclasses.replace(config, forbidden=config.forbidden + tuple(failed))
+            parts = make(config)
+            fused = parts.fuse(prepared)
+            mod = parts.schedule(fused)
+    return parts, fused, mod
+
+
 def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     model: Any,
     target: str | None = None,
@@ -205,6 +235,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     example_inputs: Sequence[Any] | None = None,
     search: SearchConfig | None = None,
     specialize: Mapping[str, Sequence[int]] | None = None,
+    tuning_db: str | os.PathLike | TuningDatabase | None = None,
 ) -> CompiledModel:
     """Compile a model with cost-model-driven fusion.
 
@@ -235,6 +266,9 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         Hot sizes of symbolic dims (``{"S": [128]}``): a static build is made for each
         combination and dispatched at run time when the inputs match; other sizes run the
         generic dynamic build.
+    tuning_db : str, os.PathLike or TuningDatabase, optional
+        Knob values measured by :func:`fusion_tvm.tune`: recorded kernels are scheduled
+        with them (the default path needs none).
 
     Returns
     -------
@@ -251,28 +285,15 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         check_names(shape_hints, set(default_dims(loaded.mod)))
         for value in shape_hints.values():
             sample_values(value)
-    parts = make_pipeline(
-        target=target or "llvm", hw=hw, fusion=fusion_mode(fusion), schedule=schedule,
-        cost_model=cost_model, shape_hints=shape_hints, config=search,
-    )
-    with parts.target:
-        prepared = parts.prepare(loaded.mod)
-        mod = parts.schedule(parts.fuse(prepared))
-        # Feedback from the templates: a fused group that only the unoptimised fallback
-        # could schedule is forbidden and the search runs again (a few rounds at most).
-        config = search or SearchConfig()
-        for _ in range(FEEDBACK_ROUNDS):
-            if parts.fuse_pass is None or not schedule:
-                break
-            failed = fallback_groups(mod, parts.fuse_pass.plan)
-            if not failed:
-                break
-            config = dataclasses.replace(config, forbidden=config.forbidden + tuple(failed))
-            parts = make_pipeline(
-                target=target or "llvm", hw=hw, fusion=fusion_mode(fusion), schedule=schedule,
-                cost_model=cost_model, shape_hints=shape_hints, config=config,
-            )
-            mod = parts.schedule(parts.fuse(prepared))
+    database = TuningDatabase.of(tuning_db)
+
+    def make(config):
+        return make_pipeline(
+            target=target or "llvm", hw=hw, fusion=fusion_mode(fusion), schedule=schedule,
+            cost_model=cost_model, shape_hints=shape_hints, config=config, database=database,
+        )
+
+    parts, _fused, mod = fuse_and_schedule(loaded, make, search, schedule)
     plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
     custom = parts.backend.build_model(mod, loaded, parts, plan)
     if custom is not None:
@@ -286,7 +307,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         result.variants = _specialized_variants(
             model, loaded, specialize, dict(target=target, hw=hw, fusion=fusion,
                                             schedule=schedule, cost_model=cost_model,
-                                            search=search)
+                                            search=search, tuning_db=database)
         )
         result.compile_time_s = time.perf_counter() - start
     return result

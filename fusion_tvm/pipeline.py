@@ -133,8 +133,10 @@ def make_pipeline(
     cost_model: str | CostModel | None = None,
     shape_hints: Mapping[str, int] | None = None,
     config: SearchConfig | None = None,
+    database=None,
 ) -> PipelineParts:
-    """Configure the pipeline's phases for a target."""
+    """Configure the pipeline's phases for a target (``database``: tuned knob values,
+    a :class:`~fusion_tvm.tuning.database.TuningDatabase` or its file)."""
     backend = get_backend(target)
     hw = get_hardware(hw if hw is not None else backend.default_hardware)
     mode = fusion_mode(fusion)
@@ -154,7 +156,7 @@ def make_pipeline(
     # Rules learn which inputs are constants; packing stages of constants then run once,
     # here, instead of on every call.
     sched = (
-        [MarkConstantParams(), ApplyTargetSchedule(backend, hw), PrepackWeights()]
+        [MarkConstantParams(), ApplyTargetSchedule(backend, hw, database), PrepackWeights()]
         if schedule
         else []
     )

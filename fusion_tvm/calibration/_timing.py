@@ -60,8 +60,11 @@ class Runner:
     """
 
     def __init__(self, target: tvm.target.Target, timing: TimingConfig | None = None):
+        from ..threads import use_all_cores
+
         self.target = target
         self.timing = timing or TimingConfig()
+        use_all_cores()
 
     # ------------------------------------------------------------------ device
     @property

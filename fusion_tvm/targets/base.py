@@ -26,6 +26,11 @@ class ScheduleRule(abc.ABC):
 
     ``apply`` returns a scheduled :class:`tvm.s_tir.Schedule` when the function is
     this rule's workload, or None meaning "not mine"; it must not mutate ``func``.
+
+    A rule may expose tuning knobs: ``knobs`` names each knob with its candidate values
+    for one function (derived default first), and ``apply(..., knobs={name: value})``
+    schedules with those values in place of the derived ones. The default path never
+    needs them; :mod:`fusion_tvm.tuning` measures candidates into a database.
     """
 
     #: Stable name, also the key of calibrated efficiencies in ``HardwareSpec.efficiency``.
@@ -36,6 +41,14 @@ class ScheduleRule(abc.ABC):
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
     ) -> s_tir.Schedule | None:
         """Schedule ``func`` or return None."""
+
+    def knobs(
+        self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
+    ) -> dict[str, tuple]:
+        """Tunable knobs of ``func`` under this rule: name -> candidate values, the value
+        the rule derives on its own first. Empty when the rule has none or ``func`` is not
+        its workload; ``apply`` then takes no ``knobs`` argument."""
+        return {}
 
 
 class Backend(abc.ABC):

@@ -305,47 +305,120 @@ def _is_alloc(sch: s_tir.Schedule, buf) -> bool:
     return any(b.same_as(buf) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
 
 
+@dataclass
+class _Normalised:
+    """A matmul PrimFunc normalised to ``C[s, i, j] += A[s, i, k] * B[s, j, k]``."""
+
+    sch: s_tir.Schedule
+    main: SBlockRV
+    reindex_c: SBlockRV
+    main_stmt: tirx.stmt.SBlock  # the block before normalisation
+    prologue: list
+    b_contiguous: bool
+    b_constant: bool
+    bits: int
+    inner_i: object
+    inner_j: object
+    tiles: MatmulTiles
+
+
+def _normalise(func: tirx.PrimFunc, hw: HardwareSpec) -> _Normalised | s_tir.Schedule | None:
+    """Step 1 of the rule; a row GEMV's schedule (or None) when there is no GEMM block."""
+    sch = s_tir.Schedule(func)
+    main = _main_block(sch, root_blocks(sch))
+    if main is None:
+        return _schedule_row_gemv(sch, hw)
+    inline_spatial(sch, keep=(main,))
+    # Producers of A stay materialised: inlining them would recompute them N times.
+    a_buffer = sch.get(main).reads[0].source
+    prologue = [
+        b
+        for b in sch.get_producers(main)
+        if is_spatial(sch, b) and any(w.source.same_as(a_buffer) for w in sch.get(b).writes)
+    ]
+    main_stmt = sch.get(main)
+    # B read in place must stay contiguous along j once its producers are inlined.
+    b_contiguous = _b_j_contiguous(main_stmt) and _chain_keeps_last_axis(sch, main, 1)
+    bits = int(main_stmt.writes[0].source.dtype.bits)
+    b_constant = _constant_param(sch.mod["main"], main_stmt.reads[1].source)
+    inner_i, inner_j = _fused_inner_extents(main_stmt)
+
+    reindex_a = sch.reindex(main, ("read", 0))
+    reindex_b = sch.reindex(main, ("read", 1))
+    reindex_c = sch.reindex(main, ("write", 0))
+    block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(reindex_a, ("write", 0), a_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, block_map)
+    _, i, j, _ = sch.get_loops(main)
+    tiles = derive_tiles(
+        hw, bits, static_extent(sch, i), static_extent(sch, j), b_contiguous, b_constant
+    )
+    return _Normalised(sch, main, reindex_c, main_stmt, prologue, b_contiguous, b_constant, bits,
+                       inner_i, inner_j, tiles)
+
+
+def _with(values: list, first) -> tuple:
+    """``values`` with ``first`` in front and no repeats."""
+    return tuple(dict.fromkeys([first, *values]))
+
+
 class Matmul(ScheduleRule):
-    """Register-tiled GEMM with packed B, tile-level epilogue and parallel tiles."""
+    """Register-tiled GEMM with packed B, tile-level epilogue and parallel tiles.
+
+    Knobs: ``mr`` (rows of the register tile), ``nr`` (its columns, whole vectors),
+    ``pack_b`` (pack B into panels or read it in place; a constant or strided B is always
+    packed) and ``panel_outer`` (column panels as the outer tile loop).
+    """
 
     name = "matmul"
 
-    def apply(
+    def knobs(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
+    ) -> dict[str, tuple]:
+        norm = _normalise(func, hw)
+        if not isinstance(norm, _Normalised):
+            return {}
+        sch, tiles = norm.sch, norm.tiles
+        _, i, j, k = sch.get_loops(norm.main)
+        m, n = static_extent(sch, i), static_extent(sch, j)
+        vec = lanes(hw, norm.bits)
+        regs = hw.num_vector_registers
+        # Three-vector panels measured 10-30x slower (LLVM splits the odd vector width).
+        nrs = [v * vec for v in (1, 2, 4) if n is None or v * vec <= max(n, vec)]
+        mrs = [r for r in (1, 2, 4, 6, 8, 12, 16) if m is None or r <= m]
+        space = {
+            "mr": _with([r for r in mrs if r * -(-tiles.nr // vec) <= regs - 4], tiles.mr),
+            "nr": _with([c for c in nrs if tiles.mr * (c // vec) <= regs - 4], tiles.nr),
+            "panel_outer": _with([False, True], _panel_stationary(
+                hw, static_extent(sch, k), tiles.mr, tiles.nr, norm.bits, tiles.pack_b)),
+        }
+        if norm.b_contiguous and not norm.b_constant:
+            space["pack_b"] = _with([False, True], tiles.pack_b)
+        return space
+
+    def apply(
+        self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec,
+        knobs: dict | None = None,
     ) -> s_tir.Schedule | None:
-        sch = s_tir.Schedule(func)
-        main = _main_block(sch, root_blocks(sch))
-        if main is None:
-            return _schedule_row_gemv(sch, hw)
-        inline_spatial(sch, keep=(main,))
-        # Producers of A stay materialised: inlining them would recompute them N times.
-        a_buffer = sch.get(main).reads[0].source
-        prologue = [
-            b
-            for b in sch.get_producers(main)
-            if is_spatial(sch, b) and any(w.source.same_as(a_buffer) for w in sch.get(b).writes)
-        ]
-        main_stmt = sch.get(main)
-        # B read in place must stay contiguous along j once its producers are inlined.
-        b_contiguous = _b_j_contiguous(main_stmt) and _chain_keeps_last_axis(sch, main, 1)
-        bits = int(main_stmt.writes[0].source.dtype.bits)
-        b_constant = _constant_param(sch.mod["main"], main_stmt.reads[1].source)
-
-        inner_i, inner_j = _fused_inner_extents(main_stmt)
-
-        # Step 1. Normalise to C[s, i, j] += A[s, i, k] * B[s, j, k].
-        reindex_a = sch.reindex(main, ("read", 0))
-        reindex_b = sch.reindex(main, ("read", 1))
-        reindex_c = sch.reindex(main, ("write", 0))
-        block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
-        sch.transform_layout(reindex_a, ("write", 0), a_map)
-        sch.transform_layout(reindex_b, ("write", 0), b_map)
-        sch.transform_layout(reindex_c, ("read", 0), c_map)
-        sch.transform_block_layout(main, block_map)
+        knobs = dict(knobs or {})
+        norm = _normalise(func, hw)
+        if not isinstance(norm, _Normalised):
+            return norm
+        sch, main, main_stmt, prologue = norm.sch, norm.main, norm.main_stmt, norm.prologue
+        bits, b_constant = norm.bits, norm.b_constant
+        inner_i, inner_j = norm.inner_i, norm.inner_j
+        tiles = norm.tiles
+        if knobs:
+            pack = knobs.pop("pack_b", tiles.pack_b) or b_constant or not norm.b_contiguous
+            tiles = MatmulTiles(mr=int(knobs.pop("mr", tiles.mr)),
+                                nr=int(knobs.pop("nr", tiles.nr)), pack_b=bool(pack))
+        panel_outer = knobs.pop("panel_outer", None)
+        if knobs:
+            raise ValueError(f"unknown matmul knobs: {sorted(knobs)}")
+        reindex_c = norm.reindex_c
         batch, i, j, k = sch.get_loops(main)
-        tiles = derive_tiles(
-            hw, bits, static_extent(sch, i), static_extent(sch, j), b_contiguous, b_constant
-        )
         mr, nr = tiles.mr, tiles.nr
         # When several loops fuse into I (or J), e.g. a batched A times a shared B, a tile
         # must not straddle the inner extent, else the epilogue region is over-approximated.
@@ -426,7 +499,9 @@ class Matmul(ScheduleRule):
         batch, i, j, k = sch.get_loops(main)
         io, ii = sch.split(i, [None, mr])
         jo, ji = sch.split(j, [None, nr])
-        if _panel_stationary(hw, static_extent(sch, k), mr, nr, bits, tiles.pack_b):
+        if panel_outer is None:
+            panel_outer = _panel_stationary(hw, static_extent(sch, k), mr, nr, bits, tiles.pack_b)
+        if panel_outer:
             sch.reorder(batch, jo, io, k, ii, ji)
             tile = sch.fuse(batch, jo, io)
         else:
