@@ -120,3 +120,23 @@ def test_schedule_only_pipeline_has_no_constant_attr():
     for func in _kernels(cm).values():
         assert CONSTANT_PARAMS_ATTR not in (func.attrs or {})
     assert isinstance(cm.fused_mod, tvm.IRModule)
+
+
+@pytest.mark.parametrize("k,n,packed", [(1280, 1000, True), (40, 17, False)])
+def test_one_row_gemv_streams_a_prepacked_weight(k, n, packed):
+    """A batch-1 classifier ``x[1, K] @ W[K, N]``: W is repacked at compile time into
+    contiguous ``K x nr`` column panels (one per task) when ``nr`` divides N; a ragged N
+    reads W in place. Same numbers either way."""
+    w = RNG.standard_normal((k, n)).astype("float32")
+    cm = fusion_tvm.compile(_linear(1, k, n, w))
+    (func,) = _kernels(cm).values()
+    assert str(func.attrs["fusion_tvm.rule"]) == "matmul"
+    shapes = [[int(d) for d in p.ty.shape] for p in func.params]
+    if packed:
+        (panel,) = [s for s in shapes if len(s) == 3]
+        assert panel[1] == k and panel[0] * panel[2] == n
+    else:
+        assert [k, n] in shapes
+    assert not any(b.annotations and PREPACK_ATTR in b.annotations for b in _blocks(func.body))
+    x = RNG.standard_normal((1, k)).astype("float32")
+    np.testing.assert_allclose(cm.run([x])[0], np.maximum(x @ w + 1, 0), rtol=1e-4, atol=1e-3)

@@ -98,6 +98,30 @@ def matmul_tile_pays(hw: HardwareSpec, flops: float | None, tiles: int | None) -
     return _contraction_pays(hw, OpClass.MATMUL, "matmul", flops, tiles)
 
 
+def gemv_panel(hw: HardwareSpec, dtype_bits: int, n: int | None) -> int:
+    """Columns per task of a one-row GEMV: two vectors, narrowed to the widest power of
+    two that divides a static ``n`` (no tail) while it stays >= 4."""
+    wide = 2 * max(1, hw.simd_width_bits // dtype_bits)
+    if n is None:
+        return wide
+    nr = wide
+    while nr > 1 and n % nr:
+        nr //= 2
+    return nr if nr >= 4 else wide
+
+
+def gemv_pays(hw: HardwareSpec, flops: float | None, weight_bytes: float | None,
+              tasks: int | None) -> bool:
+    """Whether the column panels of a one-row GEMV (``flops`` in all, streaming
+    ``weight_bytes`` of B) run in parallel: the work is the stream of B, not its FLOPs
+    (MobileNetV2's 1280 x 1000 classifier: 5 MB for 2.6 MFLOP)."""
+    if flops is None or weight_bytes is None:
+        return parallel_pays(hw, None, tasks)
+    shape = "small" if flops < (1 << 21) else "large"
+    work = serial_seconds(hw, {OpClass.MATMUL: flops}, weight_bytes, "matmul", shape)
+    return parallel_pays(hw, work, tasks)
+
+
 def conv_parallel_pays(hw: HardwareSpec, flops: float | None, tasks: int | None) -> bool:
     """Whether the output rows of a convolution (``flops`` in all, ``tasks`` iterations of
     the fused batch x channel-tile x row loop) run in parallel. A conv with a 1 x 1 or 2 x 2
@@ -378,6 +402,10 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
         m, n_ = int(c[-2]), int(c[-1])
         batch = int(math.prod(c[:-2])) if len(c) > 2 else 1
         transposed = b_transposed(graph, group, node)
+        k = int(round(flops.get(OpClass.MATMUL, 0.0) / max(1.0, 2.0 * batch * m * n_)))
+        if m * batch == 1 and not transposed:  # the row-GEMV schedule (matmul.py)
+            nr = gemv_panel(hw, 32, n_)
+            return int(gemv_pays(hw, 2.0 * k * n_, 4.0 * k * n_, math.ceil(n_ / nr)))
         symbolic = [not isinstance(d, (int, tirx.IntImm))
                     for d in graph.tensors[node.outputs[0]].shape[-2:]]
         # A constant B is packed at compile time (PrepackWeights): no pass at run time.
@@ -385,7 +413,6 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
         tiles = derive_tiles(hw, 32, None if symbolic[0] else m, None if symbolic[1] else n_,
                              not transposed, b_constant)
         mr, nr = tiles.mr, tiles.nr
-        k = int(round(flops.get(OpClass.MATMUL, 0.0) / max(1.0, 2.0 * batch * m * n_)))
         count = 0
         if tiles.pack_b and not b_constant:
             panels = batch * math.ceil(n_ / nr)
