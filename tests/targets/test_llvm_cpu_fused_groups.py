@@ -67,6 +67,15 @@ def layernorm_prefix_two_outputs(bb, x, r):  # centred rows *and* their std leav
     return relax.Tuple([d, std])
 
 
+def residual_sum_and_layernorm(bb, x, r):  # pre-norm block: the sum feeds LN and leaves
+    width = float(x.ty.shape[-1].value)
+    s = bb.emit_te(topi.add, x, r)
+    d = bb.emit_te(topi.subtract, s, bb.emit_te(lambda a: topi.sum(a, axis=-1, keepdims=True)
+                                                / width, s))
+    var_ = bb.emit_te(lambda a: topi.sum(a * a, axis=-1, keepdims=True) / width, d)
+    return relax.Tuple([s, bb.emit_te(lambda a, v: a / topi.sqrt(v + 1e-5), d, var_)])
+
+
 def scores_and_mask(bb, q, k, m):  # Q K^T / 8 + mask, the mask also an output
     mask = bb.emit_te(lambda a: (1.0 - topi.cast(a, "float32")) * -10000.0, m)
     kt = bb.emit_te(topi.transpose, k, [0, 2, 1])
@@ -100,12 +109,23 @@ CASES = {
          np.abs(rand(1, 12, 1, 1)) + 0.5, rand(1, 12, 12, 16)],
         "conv2d",
     ),
-    # Multi-output reduction chains are declined by the reduction rule (the anchor-first
-    # schedule gave wrong rows on fuzz seeds 100 and 158): the fallback runs them correctly
-    # and the fusion search splits such groups through the fallback feedback.
+    # Multi-output chains publishing a value computed from a row statistic are declined by
+    # the reduction rule (the anchor-first schedule gave wrong rows on fuzz seeds 100 and
+    # 158): the fallback runs them correctly and the fusion search splits such groups
+    # through the fallback feedback.
     "layernorm_prefix_two_outputs": (
         layernorm_prefix_two_outputs, [var("x", (9, 64)), var("r", (9, 64))],
         [rand(9, 64), rand(9, 64)], "fallback",
+    ),
+    # A published sum of inputs only (ViT's residual before each layer norm) is recomputed
+    # by its consumers and published by a copy in the same row loop.
+    "residual_sum_and_layernorm": (
+        residual_sum_and_layernorm, [var("x", (1, 197, 64)), var("r", (1, 197, 64))],
+        [rand(1, 197, 64), rand(1, 197, 64)], "reduction",
+    ),
+    "residual_sum_and_layernorm_symbolic": (
+        residual_sum_and_layernorm, [var("x", (N, 48)), var("r", (N, 48))],
+        [rand(5, 48), rand(5, 48)], "reduction",
     ),
     # 3-D with a kept unit axis: the row space is (1, 9), not (1, 9, 64) (BERT regression)
     "layernorm_prefix_two_outputs_3d": (
