@@ -25,6 +25,7 @@ from .pipeline import build_pipeline, make_pipeline
 from .plan import FusionPlan
 from .search import SearchConfig
 from .targets.base import get_backend, list_backends, register_backend
+from .tuning import TuningDatabase, tune
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ __all__ = [
     "FusionTVMError",
     "HardwareSpec",
     "SearchConfig",
+    "TuningDatabase",
     "UserInputError",
     "build_pipeline",
     "compile",
@@ -50,4 +52,5 @@ __all__ = [
     "register_backend",
     "register_cost_model",
     "register_hardware",
+    "tune",
 ]
