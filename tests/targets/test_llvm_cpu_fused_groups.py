@@ -84,6 +84,11 @@ def scores_and_mask(bb, q, k, m):  # Q K^T / 8 + mask, the mask also an output
     return relax.Tuple([mask, s])
 
 
+def matmul_published_bias_gelu(bb, x, w, b):  # y = x @ W + b leaves the group, so does gelu(y)
+    y = bb.emit_te(topi.add, bb.emit_te(lambda a, c: topi.nn.matmul(a, c), x, w), b)
+    return relax.Tuple([y, bb.emit_te(lambda a: a * 0.5 * (1 + topi.erf(a * 0.7071)), y)])
+
+
 N = tirx.Var("n", "int64")
 CASES = {
     "transpose_cast_matmul_gelu": (
@@ -157,3 +162,45 @@ def run_all(mod, inputs):
     out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
     return [o.numpy() for o in out] if isinstance(out, (list, tuple)) or not hasattr(
         out, "numpy") else [out.numpy()]
+
+
+def _loops(stmt):
+    """Every For loop below ``stmt`` (outermost first)."""
+    found, pending = [], [stmt]
+    while pending:
+        node = pending.pop()
+        if node is None:
+            continue
+        if isinstance(node, tirx.For):
+            found.append(node)
+        if isinstance(node, tirx.SeqStmt):
+            pending.extend(node.seq)
+        elif isinstance(node, tirx.IfThenElse):
+            pending.extend((node.then_case, node.else_case))
+        elif hasattr(node, "block"):
+            pending.append(node.block)
+        elif hasattr(node, "body"):
+            pending.append(node.body)
+    return found
+
+
+def test_matmul_epilogue_on_a_published_output_stays_out_of_parallel_tiles():
+    """Rows fused as ``n * s + s`` (symbolic batch and sequence): an epilogue reading the
+    published ``x @ W + b`` in ``(n, s)`` coordinates has a per-tile region spanning batch
+    boundaries, so under the parallel tile loop it read rows other tiles had not written
+    (BERT-tiny's first run after a shape change was wrong with 2 threads). It runs after the
+    GEMM instead: no loop under a parallel loop has a symbolic extent."""
+    s_var = tirx.Var("s", "int64")
+    params = [var("x", (N, s_var, 32)), var("w", (32, 64)), var("b", (64,))]
+    mod = fused(params, matmul_published_bias_gelu)
+    scheduled = ApplyTargetSchedule("llvm", HW)(mod)
+    assert rules_of(scheduled) == {"group": "matmul"}
+    func = scheduled["group"]
+    for loop in _loops(func.body):
+        if loop.kind == tirx.ForKind.PARALLEL:
+            for inner in _loops(loop.body):
+                assert isinstance(inner.extent, tirx.IntImm), inner.extent
+    inputs = [rand(2, 7, 32), rand(32, 64), rand(64)]
+    for _ in range(3):
+        for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

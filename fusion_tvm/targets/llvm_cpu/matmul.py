@@ -294,6 +294,28 @@ def _fuse_rows(sch: s_tir.Schedule, block: SBlockRV, rows: tuple) -> bool:
     return True
 
 
+def _exact_at_tile(sch: s_tir.Schedule, block: SBlockRV, tile) -> bool:
+    """Whether ``block`` computed at ``tile`` covers a static region (the tile's own).
+
+    An epilogue that reads a published output in unfused ``(n, s)`` coordinates while
+    tiles run over fused rows ``n * S + s`` gets a per-tile region spanning batch
+    boundaries: with the tiles in parallel it reads rows other tiles have not written yet
+    (BERT-tiny with symbolic batch and sequence: wrong results on the first run after a
+    shape change, 2 threads). Tried on a copy of the schedule.
+    """
+    trial = sch.copy()
+    try:
+        trial.reverse_compute_at(block, tile, preserve_unit_loops=True)
+    except ScheduleError:
+        return True  # the real attempt raises the same error and is handled there
+    loops = trial.get_loops(block)
+    anchor = trial.get(tile)
+    inner = next((k for k, lp in enumerate(loops) if trial.get(lp).same_as(anchor)), None)
+    if inner is None:
+        return False
+    return all(static_extent(trial, lp) is not None for lp in loops[inner + 1:])
+
+
 def _constant_param(func: tirx.PrimFunc, buf) -> bool:
     """Whether ``buf`` is a parameter every caller passes as a constant."""
     constant = (func.attrs or {}).get(CONSTANT_PARAMS_ATTR, [])
@@ -533,6 +555,8 @@ class Matmul(ScheduleRule):
                         raise ScheduleError("epilogue rows do not fuse")
                 elif not tile_epilogue:
                     raise ScheduleError("tile would straddle a fused axis")
+                if not _exact_at_tile(sch, block, tile):
+                    raise ScheduleError("the block's region per tile is over-approximated")
                 sch.reverse_compute_at(block, tile, preserve_unit_loops=True)
             except ScheduleError:
                 _schedule_at_root(sch, block, hw, placed)
