@@ -8,6 +8,7 @@ inputs shaped from its buffers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,20 +104,50 @@ def _random(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
-def prim_inputs(func: tirx.PrimFunc, rng: np.random.Generator) -> list[np.ndarray]:
-    """Random arrays for every buffer parameter of ``func`` (static shapes only)."""
-    arrays = []
-    for buf in func.params:
-        shape = getattr(buf, "shape", None)
+def concrete_shape(buf, dims: Mapping[str, int] | None = None) -> tuple[int, ...] | None:
+    """``buf``'s shape with its symbolic dims set from ``dims`` (by name); None when a
+    dim is missing from ``dims`` or does not simplify to a constant."""
+    out = []
+    for d in buf.shape:
+        if isinstance(d, tirx.IntImm):
+            out.append(int(d))
+            continue
+        free = tirx.analysis.undefined_vars(d)
+        if dims is None or any(v.name not in dims for v in free):
+            return None
+        analyzer = tvm.sym.Analyzer()
+        for v in free:
+            analyzer.bind(v, tirx.IntImm(str(v.ty), int(dims[v.name])))
+        value = analyzer.simplify(d)
+        if not isinstance(value, tirx.IntImm):
+            return None
+        out.append(int(value))
+    return tuple(out)
+
+
+def prim_inputs(func: tirx.PrimFunc, rng: np.random.Generator,
+                dims: Mapping[str, int] | None = None) -> list:
+    """Random arrays for every buffer parameter of ``func``, and the value of every scalar
+    shape parameter; symbolic dims take their values from ``dims`` (by name).
+
+    Raises ``ValueError`` naming what is symbolic and has no value."""
+    args: list = []
+    for param in func.params:
+        shape = getattr(param, "shape", None)
         if shape is None:
-            raise ValueError(f"parameter {buf.name} is not a buffer (symbolic shape parameter)")
-        dims = []
-        for d in shape:
-            if not isinstance(d, tvm.tirx.IntImm):
-                raise ValueError(f"buffer {buf.name} has a symbolic shape {list(shape)}")
-            dims.append(int(d))
-        arrays.append(_random(tuple(dims), str(buf.dtype), rng))
-    return arrays
+            if dims is None or param.name not in dims:
+                raise ValueError(
+                    f"parameter {param.name} is not a buffer (symbolic shape parameter)")
+            args.append(int(dims[param.name]))
+            continue
+        concrete = concrete_shape(param, dims)
+        if concrete is None:
+            free = sorted({v.name for d in shape for v in tirx.analysis.undefined_vars(d)
+                           if dims is None or v.name not in dims})
+            raise ValueError(f"buffer {param.name} has a symbolic shape {list(shape)}; no value "
+                             f"for {', '.join(repr(n) for n in free)}")
+        args.append(_random(concrete, str(param.dtype), rng))
+    return args
 
 
 def standalone_module(func: tirx.PrimFunc) -> tvm.IRModule:

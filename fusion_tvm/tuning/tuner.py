@@ -23,9 +23,8 @@ import tvm
 from tvm import tirx
 
 from ..calibration._timing import Runner, TimingConfig
-from ..calibration.kernels import _random
-from ..errors import UserInputError
-from ..passes.apply_target_schedule import is_scheduled
+from ..calibration.kernels import concrete_shape, prim_inputs
+from ..passes.apply_target_schedule import KNOBS_ATTR, RULE_ATTR, is_scheduled, schedule_primfunc
 from ..passes.mark_constant_params import MarkConstantParams
 from ..passes.prepack_weights import split_prepack
 from .database import TuningDatabase, TuningRecord, target_key, workload_key
@@ -84,52 +83,19 @@ def _candidates(space: Mapping[str, tuple], trials: int, seed: int) -> list[dict
     return (single + rest)[:trials]
 
 
-def _shape(buf, dims: Mapping[str, int]) -> tuple[int, ...] | None:
-    out = []
-    for d in buf.shape:
-        if isinstance(d, tirx.IntImm):
-            out.append(int(d))
-            continue
-        free = tirx.analysis.undefined_vars(d)
-        if any(v.name not in dims for v in free):
-            return None
-        analyzer = tvm.sym.Analyzer()
-        for v in free:
-            analyzer.bind(v, tirx.IntImm(str(v.ty), int(dims[v.name])))
-        value = analyzer.simplify(d)
-        if not isinstance(value, tirx.IntImm):
-            return None
-        out.append(int(value))
-    return tuple(out)
-
-
 class _Bench:
-    """Builds one scheduled kernel (its compile-time packing split off) and runs it."""
+    """Random inputs for one kernel; builds scheduled versions of it (the compile-time
+    packing split off and run once, as in the model) and times them."""
 
     def __init__(self, runner: Runner, func: tirx.PrimFunc, dims: Mapping[str, int],
                  seed: int = 0):
         self.runner = runner
         self.dims = dims
-        rng = np.random.default_rng(seed)
-        self.inputs = []
-        for param in func.params:
-            buf = param if hasattr(param, "shape") else None
-            if buf is None:  # a scalar shape parameter
-                if param.name not in dims:
-                    raise UserInputError(f"no value for the symbolic dim '{param.name}'")
-                self.inputs.append(int(dims[param.name]))
-                continue
-            shape = _shape(buf, dims)
-            if shape is None:
-                free = sorted({v.name for d in buf.shape for v in tirx.analysis.undefined_vars(d)
-                               if v.name not in dims})
-                raise UserInputError(
-                    f"buffer {buf.name} has symbolic dims {list(buf.shape)}: give a value for "
-                    f"{', '.join(repr(n) for n in free)} (dims=, or --shape on the command line)")
-            self.inputs.append(_random(shape, str(buf.dtype), rng))
+        self.inputs = prim_inputs(func, np.random.default_rng(seed), dims)
 
-    def run(self, scheduled: tirx.PrimFunc) -> tuple[float, list]:
-        """Seconds per call of ``scheduled`` and the arrays after one call."""
+    def build(self, scheduled: tirx.PrimFunc) -> tuple:
+        """``(module, args, outputs)``: the built kernel, its arguments (packed where the
+        kernel reads a packed constant) and the arrays after one call."""
         split = split_prepack(scheduled)
         stages, kernel = split if split is not None else ([], scheduled)
         funcs = {"main": kernel.with_attr("global_symbol", "main")}
@@ -139,14 +105,19 @@ class _Bench:
         args = [a if isinstance(a, int) else self.runner.tensor(a) for a in self.inputs]
         for i, (index, pack) in enumerate(stages):
             dst = pack.params[1]
-            shape = _shape(dst, self.dims)
-            packed = self.runner.tensor(np.zeros(shape, dtype=str(dst.dtype)))
+            packed = self.runner.tensor(
+                np.zeros(concrete_shape(dst, self.dims), dtype=str(dst.dtype)))
             module[f"pack_{i}"](args[index], packed)
             args[index] = packed
         module["main"](*args)
         outputs = [a.numpy() for a, orig in zip(args, self.inputs, strict=True)
                    if not isinstance(orig, int) and a.shape == orig.shape]
-        return self.runner.time_prim(module, args), outputs
+        return module, args, outputs
+
+    def time(self, built: tuple) -> float:
+        """Seconds per call of a kernel from :meth:`build`."""
+        module, args, _ = built
+        return self.runner.time_prim(module, args)
 
 
 def _same(a: list, b: list) -> bool:
@@ -212,50 +183,46 @@ def tune_module(
         if key in seen or (names is not None and not names(name)):
             continue
         seen.add(key)
-        rule, default_sch = None, None
-        for r in rules:
-            try:
-                default_sch = r.apply(func, target, hw)
-            except Exception:  # noqa: BLE001 - as the driver: the next rule
-                continue
-            if default_sch is not None:
-                rule = r
-                break
-        if rule is None:
+        default = schedule_primfunc(func, rules, target, hw)
+        if default is None:
             continue
+        rule = next(r for r in rules if r.name == str(default.attrs[RULE_ATTR]))
         space = rule.knobs(func, target, hw)
         if not space or all(len(v) < 2 for v in space.values()):
             continue
         try:
             bench = _Bench(runner, func, dims)
-            default_s, reference = bench.run(default_sch.mod["main"])
-        except UserInputError as err:
+        except ValueError as err:
             report.kernels.append(TunedKernel(name, rule.name, 0, 0, {}, 0, f"skipped: {err}"))
             continue
-        best_s, best = default_s, {}
+        default_built = bench.build(default)
+        default_s = bench.time(default_built)
+        best_s, best, best_built = default_s, {}, None
         measured = 0
         for knobs in _candidates(space, trials, seed=len(seen)):
+            # As the pipeline schedules a recorded kernel; without the knobs applied (the
+            # rule refused them) there is nothing to measure.
+            candidate = schedule_primfunc(func, [rule], target, hw, (rule.name, knobs))
+            if candidate is None or KNOBS_ATTR not in candidate.attrs:
+                continue
             try:
-                sch = rule.apply(func, target, hw, knobs=knobs)
-                if sch is None:
-                    continue
-                seconds, outputs = bench.run(sch.mod["main"])
-            except Exception as err:  # noqa: BLE001 - an invalid combination
+                built = bench.build(candidate)
+            except Exception as err:  # noqa: BLE001 - a combination the build refuses
                 logger.debug("%s %s: %s", name, knobs, err)
                 continue
             measured += 1
-            if not _same(outputs, reference):
+            if not _same(built[2], default_built[2]):
                 logger.warning("%s: knobs %s change the results; refused", name, knobs)
                 continue
+            seconds = bench.time(built)
             if seconds < best_s:
-                best_s, best = seconds, knobs
+                best_s, best, best_built = seconds, knobs, built
         if best:
             # Confirm against the winner's curse: time both again, interleaved.
-            final = rule.apply(func, target, hw, knobs=best).mod["main"]
             again_d, again_b = [default_s], [best_s]
             for _ in range(2):
-                again_d.append(bench.run(default_sch.mod["main"])[0])
-                again_b.append(bench.run(final)[0])
+                again_d.append(bench.time(default_built))
+                again_b.append(bench.time(best_built))
             default_s, best_s = float(np.median(again_d)), float(np.median(again_b))
             if best_s > default_s * (1 - margin):
                 best_s, best = default_s, {}

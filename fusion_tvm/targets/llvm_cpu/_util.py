@@ -64,6 +64,21 @@ def dtype_bits(sch: s_tir.Schedule, block: SBlockRV) -> int:
     return int(writes[0].source.dtype.bits) if writes else 32
 
 
+def loop_map(sch: s_tir.Schedule, block: SBlockRV) -> dict | None:
+    """Iter var -> loop of ``block`` while its loops are still the plain nest (one per block
+    iter, in iter order); None once they are not."""
+    loops = sch.get_loops(block)
+    iters = sch.get(block).iter_vars
+    if len(loops) != len(iters):
+        return None
+    return dict(zip((iv.var for iv in iters), loops, strict=True))
+
+
+def knob_choices(values, derived) -> tuple:
+    """A knob's candidates: the value the rule derives first, then ``values``, no repeats."""
+    return tuple(dict.fromkeys([derived, *values]))
+
+
 def static_extent(sch: s_tir.Schedule, loop: LoopRV) -> int | None:
     """The loop's extent when it is a constant, else None."""
     ext = sch.get(loop).extent

@@ -25,6 +25,7 @@ from ._util import (
     inline_spatial,
     is_spatial,
     lanes,
+    loop_map,
     nest_flops,
     parallel_vectorize,
     pick_vector_width,
@@ -114,11 +115,10 @@ class Conv2d(ScheduleRule):
         ]
         if len(windowed) != 1:
             return None
-        # Loops must still be the plain nest, one per block iter, in iter order.
-        loops = sch.get_loops(main)
-        if len(loops) != len(stmt.iter_vars):
+        loop_of = loop_map(sch, main)
+        if loop_of is None:
             return None
-        loop_of = dict(zip((iv.var for iv in stmt.iter_vars), loops, strict=True))
+        loops = list(loop_of.values())
         bits = int(stmt.writes[0].source.dtype.bits)
         flops = nest_flops(sch, loops)
 

@@ -28,7 +28,9 @@ from ..base import ScheduleRule
 from ._util import (
     inline_spatial,
     is_spatial,
+    knob_choices,
     lanes,
+    loop_map,
     nest_flops,
     parallel_vectorize,
     sole_contraction,
@@ -93,10 +95,6 @@ def derive_blocked_tiles(hw: HardwareSpec, dtype_bits: int, block: int, chan_blo
     ]
     fo, xr = max(cands, key=lambda t: (t[0] * t[1] / (t[0] + t[1]), t[1]))
     return BlockedTiles(fo=fo, xr=xr)
-
-
-def _first(values: list, first) -> tuple:
-    return tuple(dict.fromkeys([first, *values]))
 
 
 def _var_of(expr) -> tirx.Var | None:
@@ -192,10 +190,9 @@ def _match(sch: s_tir.Schedule, hw: HardwareSpec) -> _Match | None:
     depthwise = data_lane is not None and data_lane.same_as(lane_var)
     if not depthwise and len(weight[0].region) != 6:
         return None
-    loops = sch.get_loops(main)
-    if len(loops) != len(stmt.iter_vars):
+    loop_of = loop_map(sch, main)
+    if loop_of is None:
         return None
-    loop_of = dict(zip((iv.var for iv in stmt.iter_vars), loops, strict=True))
     bits = int(stmt.writes[0].source.dtype.bits)
     block = static_extent(sch, loop_of[lane_var])
     vec = lanes(hw, bits)
@@ -230,7 +227,7 @@ class Conv2dNCHWc(ScheduleRule):
             return {}
         fos = [1] if m.depthwise else _divisors(m.chan_blocks, 8)
         xrs = _divisors(m.width, m.max_acc)
-        return {"fo": _first(fos, m.tiles.fo), "xr": _first(xrs, m.tiles.xr)}
+        return {"fo": knob_choices(fos, m.tiles.fo), "xr": knob_choices(xrs, m.tiles.xr)}
 
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec,

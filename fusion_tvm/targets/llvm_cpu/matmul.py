@@ -39,6 +39,7 @@ from ._util import (
     is_cheap,
     is_reduction,
     is_spatial,
+    knob_choices,
     lanes,
     parallel_vectorize,
     pick_vector_width,
@@ -294,26 +295,24 @@ def _fuse_rows(sch: s_tir.Schedule, block: SBlockRV, rows: tuple) -> bool:
     return True
 
 
-def _exact_at_tile(sch: s_tir.Schedule, block: SBlockRV, tile) -> bool:
-    """Whether ``block`` computed at ``tile`` covers a static region (the tile's own).
+def _placed_at_tile(sch: s_tir.Schedule, block: SBlockRV, tile) -> s_tir.Schedule | None:
+    """A copy of ``sch`` with ``block`` computed at ``tile``, or None when its region there
+    is not static (not the tile's own).
 
     An epilogue that reads a published output in unfused ``(n, s)`` coordinates while
     tiles run over fused rows ``n * S + s`` gets a per-tile region spanning batch
     boundaries: with the tiles in parallel it reads rows other tiles have not written yet
     (BERT-tiny with symbolic batch and sequence: wrong results on the first run after a
-    shape change, 2 threads). Tried on a copy of the schedule.
+    shape change, 2 threads). Raises ``ScheduleError`` when the block cannot go there.
     """
     trial = sch.copy()
-    try:
-        trial.reverse_compute_at(block, tile, preserve_unit_loops=True)
-    except ScheduleError:
-        return True  # the real attempt raises the same error and is handled there
+    trial.reverse_compute_at(block, tile, preserve_unit_loops=True)
     loops = trial.get_loops(block)
     anchor = trial.get(tile)
     inner = next((k for k, lp in enumerate(loops) if trial.get(lp).same_as(anchor)), None)
-    if inner is None:
-        return False
-    return all(static_extent(trial, lp) is not None for lp in loops[inner + 1:])
+    if inner is None or any(static_extent(trial, lp) is None for lp in loops[inner + 1:]):
+        return None
+    return trial
 
 
 def _constant_param(func: tirx.PrimFunc, buf) -> bool:
@@ -381,11 +380,6 @@ def _normalise(func: tirx.PrimFunc, hw: HardwareSpec) -> _Normalised | s_tir.Sch
                        inner_i, inner_j, tiles)
 
 
-def _with(values: list, first) -> tuple:
-    """``values`` with ``first`` in front and no repeats."""
-    return tuple(dict.fromkeys([first, *values]))
-
-
 class Matmul(ScheduleRule):
     """Register-tiled GEMM with packed B, tile-level epilogue and parallel tiles.
 
@@ -411,13 +405,13 @@ class Matmul(ScheduleRule):
         nrs = [v * vec for v in (1, 2, 4) if n is None or v * vec <= max(n, vec)]
         mrs = [r for r in (1, 2, 4, 6, 8, 12, 16) if m is None or r <= m]
         space = {
-            "mr": _with([r for r in mrs if r * -(-tiles.nr // vec) <= regs - 4], tiles.mr),
-            "nr": _with([c for c in nrs if tiles.mr * (c // vec) <= regs - 4], tiles.nr),
-            "panel_outer": _with([False, True], _panel_stationary(
+            "mr": knob_choices([r for r in mrs if r * -(-tiles.nr // vec) <= regs - 4], tiles.mr),
+            "nr": knob_choices([c for c in nrs if tiles.mr * (c // vec) <= regs - 4], tiles.nr),
+            "panel_outer": knob_choices([False, True], _panel_stationary(
                 hw, static_extent(sch, k), tiles.mr, tiles.nr, norm.bits, tiles.pack_b)),
         }
         if norm.b_contiguous and not norm.b_constant:
-            space["pack_b"] = _with([False, True], tiles.pack_b)
+            space["pack_b"] = knob_choices([False, True], tiles.pack_b)
         return space
 
     def apply(
@@ -555,9 +549,10 @@ class Matmul(ScheduleRule):
                         raise ScheduleError("epilogue rows do not fuse")
                 elif not tile_epilogue:
                     raise ScheduleError("tile would straddle a fused axis")
-                if not _exact_at_tile(sch, block, tile):
+                placed_sch = _placed_at_tile(sch, block, tile)
+                if placed_sch is None:
                     raise ScheduleError("the block's region per tile is over-approximated")
-                sch.reverse_compute_at(block, tile, preserve_unit_loops=True)
+                sch = placed_sch
             except ScheduleError:
                 _schedule_at_root(sch, block, hw, placed)
                 continue

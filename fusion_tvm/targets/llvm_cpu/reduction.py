@@ -275,8 +275,9 @@ class Reduction(ScheduleRule):
                 # no order of compute_at / reverse_compute_at places it; decline.
                 return None
             copies.append(copy)
+        copy_stmts = [sch.get(c) for c in copies]
         blocks = [b for b in root_blocks(sch)
-                  if not any(sch.get(b).same_as(sch.get(c)) for c in copies)]
+                  if not any(sch.get(b).same_as(c) for c in copy_stmts)]
         anchor = blocks[-1]
         loops = sch.get_loops(anchor)
         extents = [static_extent(sch, lp) for lp in loops]
