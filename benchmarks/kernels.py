@@ -4,7 +4,11 @@ Run ``python benchmarks/kernels.py`` (add ``--quick`` for fewer repetitions). Ea
 count runs in its own subprocess with ``TVM_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` set,
 because both thread pools read them once at start-up. Inside a worker, TVM and numpy runs
 alternate (interleaved) and the median of the repetitions is reported, so a noisy
-neighbour slows both sides alike. Prints a table and writes
+neighbour slows both sides alike. A pause (``--pause``, 0.2 s) separates every TVM and numpy
+turn: both libraries' worker threads spin for a while after a parallel region, and without
+the pause each contender on 2 threads ran while the other's pool still held the cores (TVM's
+512^3 matmul measured 40 GFLOP/s interleaved without pauses, 166 alone, 179 with pauses).
+Prints a table and writes
 ``benchmarks/results/kernels.json``. ``efficiency`` is the roofline time (``HardwareSpec``
 peak FLOP/s per op class, and bandwidth of the memory level holding the data, for the cores
 used) over the measured median time: for a compute-bound GEMM it is GFLOP/s over peak.
@@ -129,13 +133,18 @@ def _rowwise_module(kind, m, n):
 
 
 def _lower(mod):
+    """Stock lowering with FuseOps, plus our FastMath as the pipeline runs it (exp / erf /
+    tanh as vectorisable polynomials); each case is one fused kernel either way."""
     import tvm
     from tvm import relax
+
+    from fusion_tvm.passes.fast_math import FastMath
 
     return tvm.transform.Sequential(
         [
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
+            FastMath(),
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
@@ -251,7 +260,7 @@ def _roofline_s(hw, flops: dict, nbytes: int, threads: int) -> float:
     return max(compute, nbytes / bandwidth)
 
 
-def _worker(threads: int, reps: int, names: list[str]) -> list[dict]:
+def _worker(threads: int, reps: int, names: list[str], pause: float) -> list[dict]:
     import tvm
     from tvm import relax, tirx
 
@@ -285,8 +294,10 @@ def _worker(threads: int, reps: int, names: list[str]) -> list[dict]:
         timer = vm.time_evaluator("main", tvm.cpu(), number=3, repeat=1)
         t_tvm, t_np = [], []
         ref()
-        for _ in range(reps):  # interleaved
+        for _ in range(reps):  # interleaved, each turn after the other pool went idle
+            time.sleep(pause)
             t_tvm.append(timer(*args).mean)
+            time.sleep(pause)
             start = time.perf_counter()
             for _ in range(3):
                 ref()
@@ -316,18 +327,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--quick", action="store_true", help="5 repetitions")
     ap.add_argument("--cases", nargs="*", default=list(CASES))
+    ap.add_argument("--pause", type=float, default=0.2,
+                    help="seconds between TVM and numpy turns (spinning pools go idle)")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     reps = 5 if args.quick else args.reps
     if args.worker:
-        print(json.dumps(_worker(args.worker, reps, args.cases)))
+        print(json.dumps(_worker(args.worker, reps, args.cases, args.pause)))
         return 0
     rows = []
     for threads in args.threads:
         env = dict(os.environ, TVM_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                    OMP_NUM_THREADS=str(threads))
         cmd = [sys.executable, __file__, "--worker", str(threads), "--reps", str(reps),
-               "--cases", *args.cases]
+               "--pause", str(args.pause), "--cases", *args.cases]
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         rows.extend(json.loads(out.stdout.strip().splitlines()[-1]))
     header = (f"{'case':28} {'thr':>3} {'TVM GF/s':>9} {'numpy GF/s':>10} {'ratio':>6} "
@@ -350,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     RESULTS.write_text(json.dumps({"rows": rows, "efficiency": efficiency, "when": when,
-                                   "load_avg": os.getloadavg()}, indent=1))
+                                   "pause_s": args.pause, "load_avg": os.getloadavg()},
+                                  indent=1))
     print(f"wrote {RESULTS}")
     return 0
 

@@ -204,3 +204,33 @@ def test_matmul_epilogue_on_a_published_output_stays_out_of_parallel_tiles():
     for _ in range(3):
         for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def fast_math_chain(bb, x):  # erf -> exp -> tanh polynomials, each reads its input 10-20x
+    y = bb.emit_te(topi.fast_erf, x)
+    y = bb.emit_te(topi.fast_exp, y)
+    return bb.emit_te(topi.fast_tanh, y)
+
+
+def fast_math_chain_conv(bb, x, w):  # the same chain as a dense conv's prologue (fuzz 196)
+    return bb.emit_te(topi.nn.conv2d_nchw, fast_math_chain(bb, x), w, 1, 1, 1)
+
+
+@pytest.mark.parametrize("body, params, inputs, rule", [
+    (fast_math_chain, [var("x", (7, 33))], [rand(7, 33)], "elementwise"),
+    (fast_math_chain_conv, [var("x", (1, 4, 9, 16)), var("w", (8, 4, 3, 3))],
+     [rand(1, 4, 9, 16), rand(8, 4, 3, 3)], "conv2d"),
+], ids=["elementwise", "conv_prologue"])
+def test_inlined_fast_math_chain_stays_small(body, params, inputs, rule):
+    """Inlining substitutes a producer's value at every load of its buffer and TIR shares no
+    subexpressions: inlined into one another the chain grew to millions of nodes (fuzz seed
+    196 compiled for 3 minutes). Inlines stop at MAX_INLINED_NODES; values unchanged."""
+    from fusion_tvm.targets.llvm_cpu._util import MAX_INLINED_NODES, expr_nodes
+
+    mod = fused(params, body)
+    scheduled = ApplyTargetSchedule("llvm", HW)(mod)
+    assert rules_of(scheduled) == {"group": rule}
+    limit = 4 * MAX_INLINED_NODES
+    assert expr_nodes(scheduled["group"].body, limit) < limit
+    for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

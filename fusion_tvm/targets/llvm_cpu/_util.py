@@ -146,6 +146,8 @@ def inline_spatial(
                     continue
                 if primitive == sch.reverse_compute_inline and shares_producer(block):
                     continue
+                if not inline_stays_small(sch, block, primitive == sch.compute_inline):
+                    continue
                 try:
                     primitive(block)
                 except ScheduleError:
@@ -153,6 +155,69 @@ def inline_spatial(
                 changed = True
                 break
     return root_blocks(sch)
+
+
+#: Expression nodes an inline may produce. An inline substitutes the producer's value at
+#: every load of its buffer and TIR has no shared subexpressions: fast-math polynomials read
+#: their argument 10-20 times, so a tanh -> exp -> erf chain inlined into one expression
+#: grew to millions of nodes (a random graph compiled for 3 minutes, mostly in LLVM). Above
+#: this the producer stays a buffer of its own (in the same kernel).
+MAX_INLINED_NODES = 8000
+
+
+def expr_nodes(node, limit: int = MAX_INLINED_NODES + 1) -> int:
+    """Nodes of the expression/statement tree under ``node``, counted up to ``limit``."""
+    count, stack = 0, [node]
+    while stack and count < limit:
+        cur = stack.pop()
+        if not isinstance(cur, (tirx.Stmt, tvm.ir.expr.Expr)):
+            continue
+        count += 1
+        for field in _CHILD_FIELDS:
+            child = getattr(cur, field, None)
+            if isinstance(child, Sequence):
+                stack.extend(child)
+            elif child is not None:
+                stack.append(child)
+    return count
+
+
+_CHILD_FIELDS = ("value", "a", "b", "args", "indices", "condition", "true_value",
+                 "false_value", "body", "seq", "then_case", "else_case", "block")
+
+
+def _loads_of(node, buffer) -> int:
+    """Loads of ``buffer`` in the tree under ``node``."""
+    count, stack = 0, [node]
+    while stack:
+        cur = stack.pop()
+        if not isinstance(cur, (tirx.Stmt, tvm.ir.expr.Expr)):
+            continue
+        if isinstance(cur, TensorLoad) and cur.source.same_as(buffer):
+            count += 1
+        for field in _CHILD_FIELDS:
+            child = getattr(cur, field, None)
+            if isinstance(child, Sequence):
+                stack.extend(child)
+            elif child is not None:
+                stack.append(child)
+    return count
+
+
+def inline_stays_small(sch: s_tir.Schedule, block: SBlockRV, forward: bool) -> bool:
+    """Whether inlining ``block`` (into its consumers when ``forward``, else its consumer
+    body into its producer) keeps every resulting expression within MAX_INLINED_NODES."""
+    pairs = ([(block, c) for c in sch.get_consumers(block)] if forward
+             else [(p, block) for p in sch.get_producers(block)])
+    for producer, consumer in pairs:
+        pstmt = sch.get(producer)
+        if not isinstance(pstmt.body, tirx.BufferStore) or not pstmt.writes:
+            continue
+        body = sch.get(consumer).body
+        refs = _loads_of(body, pstmt.writes[0].source)
+        if expr_nodes(body) + refs * expr_nodes(pstmt.body.value) > MAX_INLINED_NODES:
+            return False
+    return True
 
 
 #: Intrinsics LLVM expands lane by lane with extra shuffles: a whole-tensor vectorised loop
@@ -196,9 +261,16 @@ EXPENSIVE_INTRINSICS = frozenset(
 )
 
 
+#: Expression nodes of a block still cheap to recompute: casts, bias, BN scale, clips are
+#: under 30; a fast-math polynomial (exp, erf, tanh without libm calls) is over 100.
+CHEAP_MAX_NODES = 64
+
+
 def is_cheap(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """Whether ``block`` is cheap to recompute (copies, casts, arithmetic)."""
-    return not _calls(sch.get(block).body, EXPENSIVE_INTRINSICS)
+    body = sch.get(block).body
+    return expr_nodes(body, CHEAP_MAX_NODES + 1) <= CHEAP_MAX_NODES and not _calls(
+        body, EXPENSIVE_INTRINSICS)
 
 
 def vector_friendly(sch: s_tir.Schedule, block: SBlockRV, tiled: bool = False) -> bool:
