@@ -21,6 +21,29 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class KernelTraits:
+    """What a backend's schedule rule makes of a group beyond its parallel loops, for the
+    analytical models (a backend answers ``kernel_traits(graph, group, rule, hw)``, or None
+    where the generic estimate applies).
+
+    Attributes
+    ----------
+    main_parallel : bool
+        Whether the kernel's main loop (output rows) runs on all cores; a kernel can have
+        parallel side passes (padding) around a serial main loop.
+    staged_bytes : float
+        Bytes of a staging copy the kernel writes and reads back (a padded input).
+    recompute : dict
+        FLOPs by op class of inlined producers evaluated more than once per element, beyond
+        the one evaluation the graph counts.
+    """
+
+    main_parallel: bool
+    staged_bytes: float = 0.0
+    recompute: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Cost:
     """Prediction for one kernel (one group).
 

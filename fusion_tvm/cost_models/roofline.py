@@ -306,6 +306,12 @@ class RooflineCostModel(CostModel):
                     continue
                 frac = node.touched_fraction(k, dims)
                 touched[tid] = max(touched.get(tid, 0.0), frac)
+        traits_hook = getattr(self.backend, "kernel_traits", None)
+        traits = traits_hook(graph, group, rule, hw) if callable(traits_hook) else None
+        if traits is not None:
+            for c, f in traits.recompute.items():
+                flops[c] = flops.get(c, 0.0) + f
+            internal_bytes += traits.staged_bytes
         cls = shape_class(rule, flops, conv)
         if cls == "copy" and any(f < 0.5 for f in touched.values()):
             # A gather (embedding lookup) copies whole contiguous rows: a plain streaming
@@ -331,8 +337,8 @@ class RooflineCostModel(CostModel):
         if regions is None:
             regions = parallel_regions(graph, group, rule, hw, flops, published)
         launch_s = hw.launch_overhead_s + hw.parallel_cost(regions)
-        serial = regions == 0 and hw.kind is DeviceKind.CPU and hw.num_cores > 1 \
-            and callable(hook)
+        serial = hw.kind is DeviceKind.CPU and hw.num_cores > 1 and callable(hook) and (
+            not traits.main_parallel if traits is not None else regions == 0)
         if serial:
             # The rules left every loop serial: one core's share of the FLOP/s and of the
             # bandwidth (peaks and bandwidths are whole-machine figures).

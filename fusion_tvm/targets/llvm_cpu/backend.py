@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...cost_models.base import KernelTraits
 from ...cost_models.hardware import DeviceKind, HardwareSpec
 from ...errors import UnknownNameError
 from ...legality import TemplateLimits
@@ -17,7 +18,7 @@ from .efficiency import EFFICIENCY
 from .elementwise import Elementwise
 from .fallback import Fallback
 from .matmul import Matmul
-from .parallel import group_parallel_regions
+from .parallel import conv_kernel, group_parallel_regions
 from .reduction import Reduction
 
 #: Activation layouts for convolutions: blocked NCHW[b]c, or the model's own.
@@ -62,6 +63,19 @@ class LLVMCPUBackend(Backend):
         """Parallel loops the rules give ``group``'s kernel: the cost model charges a
         fork/join for each (the same decision as the rules, see ``parallel.py``)."""
         return group_parallel_regions(graph, group, rule, hw)
+
+    def kernel_traits(self, graph, group: frozenset[int], rule: str,
+                      hw: HardwareSpec) -> KernelTraits | None:
+        """Serial main loop, staged padded input and inlined-prologue recompute of the conv
+        rules' kernels (``parallel.conv_kernel``); None for the other rules."""
+        if rule != "conv2d":
+            return None
+        conv = next((graph.nodes[n] for n in sorted(group)
+                     if graph.nodes[n].is_contraction), None)
+        kernel = conv_kernel(graph, group, conv, hw) if conv is not None else None
+        if kernel is None:
+            return None
+        return KernelTraits(kernel.rows_parallel, kernel.staged_bytes, dict(kernel.recompute))
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""

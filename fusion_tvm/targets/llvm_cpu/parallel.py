@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from tvm import tirx
 
@@ -202,11 +203,12 @@ def b_transposed(graph, group, node) -> bool:
     return False
 
 
-def _lane_prologue(graph, group, tid: int) -> bool:
-    """Whether the ops of ``group`` producing ``tid`` are elementwise on one input tensor of
-    ``tid``'s shape (scalar constants aside) and cheap (at most ``MAX_INLINE_PROLOGUE_OPS``
-    per element, no transcendental): the padding block they inline into then reads one
-    tensor, lanes innermost, as the depthwise rule requires to inline it."""
+def _lane_prologue(graph, group, tid: int) -> dict | None:
+    """FLOPs by class of the ops of ``group`` producing ``tid`` when they are elementwise on
+    one input tensor of ``tid``'s shape (scalar constants aside) and cheap (at most
+    ``MAX_INLINE_PROLOGUE_OPS`` per element, no transcendental): the padding block they
+    inline into then reads one tensor, lanes innermost, as the depthwise rule requires to
+    inline it. None otherwise."""
     from ...ops import PatternKind
     from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS
 
@@ -227,19 +229,44 @@ def _lane_prologue(graph, group, tid: int) -> bool:
         seen.add(producer)
         node = graph.nodes[producer]
         if node.pattern > PatternKind.BROADCAST or _dims(graph, node.outputs[0]) != shape:
-            return False
+            return None
         for cls, f in node.flops(graph.dims).items():
             work[cls] = work.get(cls, 0.0) + f
         pending.extend(node.inputs)
     if work.get(OpClass.TRANSCENDENTAL) or \
             work.get(OpClass.ELEMENTWISE, 0.0) / elems > MAX_INLINE_PROLOGUE_OPS + 1e-9:
-        return False
-    return len(external) == 1 and _dims(graph, next(iter(external))) == shape
+        return None
+    if len(external) != 1 or _dims(graph, next(iter(external))) != shape:
+        return None
+    return work
+
+
+@dataclass(frozen=True)
+class ConvKernel:
+    """What the conv rules make of a group, as the cost model needs it.
+
+    ``regions``: parallel loops (fork/joins); ``rows_parallel``: whether the output rows,
+    the kernel's main loop, are one of them; ``staged_bytes``: a zero-padded copy of the
+    input (with the prologue applied) written before the convolution and read back by it;
+    ``recompute``: FLOPs by class of a prologue inlined into the convolution's loads beyond
+    its one evaluation per element (it runs once per tap that reads an element).
+    """
+
+    regions: int
+    rows_parallel: bool
+    staged_bytes: float = 0.0
+    recompute: Mapping[OpClass, float] = field(default_factory=dict)
 
 
 def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> int | None:
-    """Parallel loops of the conv rules' kernel for ``group`` around the convolution node
-    ``conv``: the output rows (:func:`conv_parallel_pays` over the same task count the rule
+    """Parallel loops of the conv rules' kernel for ``group`` (see :func:`conv_kernel`)."""
+    kernel = conv_kernel(graph, group, conv, hw)
+    return None if kernel is None else kernel.regions
+
+
+def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKernel | None:
+    """The conv rules' kernel for ``group`` around the convolution node ``conv``. Parallel
+    loops: the output rows (:func:`conv_parallel_pays` over the same task count the rule
     fuses), the zero-padded input (not for a blocked depthwise or strided conv: inline)
     and a layout change after the conv (each one spatial pass, ``parallel_vectorize``)
     and, for the NCHW channel-vector kernel, its weight repack. None
@@ -261,7 +288,7 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
         reduce = kh * kw * (1 if depthwise else int(weight[1]) * int(weight[4]))
         tiles = derive_blocked_tiles(hw, 32, block, blocks, width, depthwise,
                                      reduce * block * 4)
-        count += conv_parallel_pays(hw, flops, n * (blocks // tiles.fo) * rows)
+        rows_parallel = conv_parallel_pays(hw, flops, n * (blocks // tiles.fo) * rows)
     elif len(out) == 4 and len(data) == 4 and len(weight) == 4:  # NCHW
         n, channels, rows, width = (int(d) for d in out)
         kh, kw = int(weight[2]), int(weight[3])
@@ -275,9 +302,10 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
             ctiles = derive_channel_tiles(hw, 32, channels, width)
             fr = ctiles.fr if ctiles is not None else 1
             count += repack_pays(hw, math.prod(weight), -(-channels // fr))
-        count += conv_parallel_pays(hw, flops, n * -(-channels // fr) * rows)
+        rows_parallel = conv_parallel_pays(hw, flops, n * -(-channels // fr) * rows)
     else:
         return None
+    count += rows_parallel
     # The zero-padded input, or a prologue on it (a producer feeding the contraction is not
     # inlined into it): one spatial pass over the (padded) input.
     stride = [max(1, round(data[a] / out[a])) for a in (2, 3)]
@@ -289,13 +317,19 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
     padded_extent = [data[a] + pad[a - 2] for a in (2, 3)]
     strided = all(round(p / out[a]) >= 2 for p, a in zip(padded_extent, (2, 3), strict=True)) \
         and all(isinstance(d, (int, tirx.IntImm)) for d in graph.tensors[conv.outputs[0]].shape)
+    lane_prologue = _lane_prologue(graph, group, conv.inputs[0]) if prologue else None
     inline_pad = len(out) == 5 and (
-        len(weight) == 5 and (not prologue or _lane_prologue(graph, group, conv.inputs[0]))
+        len(weight) == 5 and (not prologue or lane_prologue is not None)
         or strided and not prologue)
+    staged, recompute = 0.0, {}
     if (pad[0] > 0 or pad[1] > 0 or prologue) and not inline_pad:
         padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
         chunks = int(padded / data[-1])
         count += parallel_pays(hw, elementwise_seconds(hw, padded, 8.0), chunks)
+        staged = 4.0 * padded
+    elif lane_prologue:  # inlined into the depthwise loads: once per tap reading an element
+        taps = math.prod(out) * kh * kw / max(1.0, math.prod(data))
+        recompute = {cls: f * max(0.0, taps - 1.0) for cls, f in lane_prologue.items()}
     for n in group:  # to / from NCHW[b]c after the conv: not computed per register tile
         node = graph.nodes[n]
         if n == conv.id or not node.outputs or node.is_contraction:
@@ -305,7 +339,7 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
             elems = math.prod(shape)
             count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
                                    int(elems / shape[-1]))
-    return int(count)
+    return ConvKernel(int(count), bool(rows_parallel), staged, recompute)
 
 
 def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None:
