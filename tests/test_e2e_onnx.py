@@ -198,12 +198,14 @@ def test_pass_in_sequential_replaces_fuseops():
     assert count_kernels(out) == fuse.plan.num_kernels < fuse.plan.fuseops_kernels
 
 
-FIXTURES = ["bert_tiny", "gpt2_tiny", "t5_tiny", "cnn_bn", "bert_tiny_dynamo"]
+FIXTURES = ["bert_tiny", "gpt2_tiny", "t5_tiny", "cnn_bn", "bert_tiny_dynamo", "swin_tiny"]
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_real_exports_through_our_pipeline(name):
-    """torch.onnx exports of transformers' BERT / GPT-2 / T5 and a CNN with BatchNorm."""
+    """torch.onnx exports of transformers' BERT / GPT-2 / T5 / Swin (static shapes: its
+    window reshapes are computed from Shape nodes, folded before import) and a CNN with
+    BatchNorm."""
     from pathlib import Path
 
     path = Path(__file__).parent / "data" / f"{name}.onnx"

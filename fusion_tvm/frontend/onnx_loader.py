@@ -30,6 +30,7 @@ from ..errors import (
     UnsupportedOperatorError,
     UserInputError,
 )
+from .onnx_fold import fold_constants
 from .overrides import converter_map
 
 # Op types the stock importer handles outside its converter map.
@@ -275,6 +276,7 @@ def convert_onnx(
         _check_dtype_dict(graph, dtype_dict, where)
     check_graph(graph, where)
     _run_checker(proto, where)
+    fold_constants(proto)  # shape arithmetic on static shapes, as onnxruntime folds it
 
     importer = _Importer(dict(dtype_dict or {}), converter_map())
     # The stock importer prints the failing node's inputs to stdout before re-raising; our

@@ -284,8 +284,20 @@ def make_t5_tiny() -> None:
     _export_hf(T5Model(config), inputs, ["last_hidden_state"], axes, "t5_tiny")
 
 
+def make_swin_tiny() -> None:
+    """Swin, static 32 x 32 image: its window partition reshapes to targets computed from
+    ``Shape`` nodes (folded before import: onnx_fold)."""
+    from transformers import SwinConfig, SwinModel
+
+    config = SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                        num_heads=[2, 4], window_size=4)
+    inputs = {"pixel_values": torch.randn(1, 3, 32, 32)}
+    _export_hf(SwinModel(config), inputs, ["last_hidden_state"], {}, "swin_tiny")
+
+
 FIXTURES = {
     "cnn_bn": make_cnn_bn,
+    "swin_tiny": make_swin_tiny,
     "bert_tiny": make_bert_tiny,
     "bert_tiny_dynamo": make_bert_tiny_dynamo,
     "gpt2_tiny": make_gpt2_tiny,

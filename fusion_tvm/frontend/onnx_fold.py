@@ -1,0 +1,139 @@
+"""Fold an ONNX graph's shape computations whose values are known before import.
+
+Exporters (``torch.onnx`` legacy and dynamo, tf2onnx) compute reshape targets, paddings,
+slice bounds and masks at run time from ``Shape`` nodes even when every input shape is
+static: ``Shape -> Gather -> Concat -> Reshape``, TF-style "same" padding, window
+partitions. TVM's Relax importer needs many of those values as constants ("Dynamic pads
+are not supported yet", "Reshape expects the input tensor to have known shape"), and where
+it does not they become run-time shape arithmetic between kernels. onnxruntime folds them
+when it loads a model; so do we, before import:
+
+* a ``Shape`` (or the part its start/end selects) / ``Size`` whose dims are static is its
+  value;
+* a node whose inputs are all known constants is evaluated (``onnx.reference``), when it
+  is deterministic, has no subgraph, is in the default domain and its outputs are small;
+* shape inference runs again after each round, since a folded reshape target makes more
+  shapes static, until nothing more folds.
+
+Nothing that depends on a symbolic dimension or on a graph input's values is folded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+#: Outputs larger than this (elements) are left to run time: folding is for shape-like
+#: values and masks, not for precomputing weights.
+MAX_FOLDED_ELEMENTS = 1 << 16
+#: Rounds of fold + shape inference.
+MAX_ROUNDS = 8
+_NONDETERMINISTIC = ("Random", "Multinomial", "Bernoulli")
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Tensor name -> shape (None for a dim not known statically), for every tensor whose
+    rank shape inference knows."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - an uninferable model is simply not folded
+        return {}
+    graph = inferred.graph
+    shapes: dict[str, list[int]] = {}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        ttype = info.type.tensor_type
+        if not ttype.HasField("shape"):
+            continue
+        shapes[info.name] = [int(d.dim_value) if d.HasField("dim_value") else None
+                             for d in ttype.shape.dim]
+    for init in graph.initializer:
+        shapes[init.name] = list(init.dims)
+    return shapes
+
+
+def _shape_value(node: onnx.NodeProto, shape: list[int | None]) -> np.ndarray | None:
+    """Value of a ``Shape`` (with its start/end) or ``Size`` node; None when a dim it
+    returns is not static."""
+    if node.op_type == "Size":
+        return None if None in shape else np.array(math.prod(shape), dtype=np.int64)
+    attrs = {a.name: a.i for a in node.attribute}
+    rank = len(shape)
+    start, end = attrs.get("start", 0), attrs.get("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    dims = shape[start:end]
+    return None if None in dims else np.array(dims, dtype=np.int64)
+
+
+def _evaluate(node: onnx.NodeProto, known: dict[str, np.ndarray], opset) -> list | None:
+    """Outputs of ``node`` on known inputs (None when the reference runtime cannot)."""
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = [i for i in node.input if i]
+    graph = onnx.helper.make_graph(
+        [node], "fold",
+        [onnx.helper.make_tensor_value_info(
+            i, onnx.helper.np_dtype_to_tensor_dtype(known[i].dtype), known[i].shape)
+         for i in inputs],
+        [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+         for o in node.output if o],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=opset)
+    try:
+        return ReferenceEvaluator(model).run(None, {i: known[i] for i in inputs})
+    except Exception:  # noqa: BLE001 - left to the importer, as before
+        return None
+
+
+def _foldable(node: onnx.NodeProto) -> bool:
+    return (node.domain in ("", "ai.onnx") and not node.op_type.startswith(_NONDETERMINISTIC)
+            and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                        for a in node.attribute))
+
+
+def fold_constants(model: onnx.ModelProto) -> int:
+    """Fold ``model``'s statically known shape computations in place; return how many
+    nodes were removed."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    overridable = {i.name for i in graph.input}  # an initializer listed as an input
+    opset = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    folded = 0
+    for _ in range(MAX_ROUNDS):
+        shapes = _static_shapes(model)
+        known: dict[str, np.ndarray] = {
+            init.name: numpy_helper.to_array(init) for init in graph.initializer
+            if math.prod(init.dims) <= MAX_FOLDED_ELEMENTS and init.name not in overridable
+        }
+        keep, values, real = [], {}, 0
+        for node in graph.node:
+            result = None
+            if node.op_type in ("Shape", "Size") and node.input and node.input[0] in shapes \
+                    and node.domain in ("", "ai.onnx"):
+                value = _shape_value(node, shapes[node.input[0]])
+                result = None if value is None else [value]
+            elif node.op_type == "Constant" or (
+                    _foldable(node) and node.input and all(not i or i in known
+                                                            for i in node.input)):
+                result = _evaluate(node, known, opset)
+            if result is None or any(o in outputs for o in node.output) or any(
+                    np.asarray(r).size > MAX_FOLDED_ELEMENTS for r in result):
+                keep.append(onnx.NodeProto.FromString(node.SerializeToString()))
+                continue
+            real += node.op_type != "Constant"
+            for name, value in zip(node.output, result, strict=False):
+                if name:
+                    known[name] = values[name] = np.asarray(value)
+        if not real:
+            break
+        used = {i for n in keep for i in n.input} | outputs
+        folded += len(graph.node) - len(keep)
+        del graph.node[:]
+        graph.node.extend(keep)
+        graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items()
+                                 if name in used)
+        del graph.value_info[:]  # stale for folded tensors; inferred again next round
+    return folded
