@@ -198,14 +198,15 @@ def test_pass_in_sequential_replaces_fuseops():
     assert count_kernels(out) == fuse.plan.num_kernels < fuse.plan.fuseops_kernels
 
 
-FIXTURES = ["bert_tiny", "gpt2_tiny", "t5_tiny", "cnn_bn", "bert_tiny_dynamo", "swin_tiny"]
+FIXTURES = ["bert_tiny", "gpt2_tiny", "t5_tiny", "cnn_bn", "bert_tiny_dynamo", "swin_tiny",
+            "gpt_neox_tiny"]
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_real_exports_through_our_pipeline(name):
     """torch.onnx exports of transformers' BERT / GPT-2 / T5 / Swin (static shapes: its
-    window reshapes are computed from Shape nodes, folded before import) and a CNN with
-    BatchNorm."""
+    window reshapes are computed from Shape nodes, folded before import) / GPT-NeoX (dynamic:
+    rotary bounds read off partly symbolic shapes) and a CNN with BatchNorm."""
     from pathlib import Path
 
     path = Path(__file__).parent / "data" / f"{name}.onnx"

@@ -101,3 +101,31 @@ def test_outputs_inputs_and_random_ops_stay():
     before = model.SerializeToString()
     assert fold_constants(model) == 0
     assert model.SerializeToString() == before
+
+
+def test_static_entries_of_a_symbolic_shape_fold():
+    """``x.shape[-1] // 2`` with a dynamic batch and sequence (rotary embeddings): the
+    gathered entry is static, so the slice bound folds; the symbolic entries stay."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "last"], ["d"], axis=0),
+        helper.make_node("Div", ["d", "two"], ["half"]),
+        helper.make_node("Unsqueeze", ["half", "zero1"], ["end"]),
+        helper.make_node("Slice", ["x", "zero1", "end", "two1"], ["y"]),
+    ]
+    inits = [_const("last", -1), _const("two", 2), _const("zero1", [0]), _const("two1", [2])]
+    model = _model(nodes, [x], [y], inits)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    assert fold_constants(folded) == 4
+    (slice_node,) = folded.graph.node
+    ends = {i.name: numpy_helper.to_array(i) for i in folded.graph.initializer}[
+        slice_node.input[2]]
+    assert ends.tolist() == [4]
+    cm = fusion_tvm.compile(model)
+    sess = ort.InferenceSession(model.SerializeToString())
+    for shape in ((1, 3, 8), (2, 5, 8)):
+        xv = np.random.default_rng(0).standard_normal(shape).astype("float32")
+        np.testing.assert_array_equal(cm.run({"x": xv})[0], sess.run(None, {"x": xv})[0])

@@ -57,15 +57,61 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
 def _shape_value(node: onnx.NodeProto, shape: list[int | None]) -> np.ndarray | None:
     """Value of a ``Shape`` (with its start/end) or ``Size`` node; None when a dim it
     returns is not static."""
+    dims = shape if node.op_type == "Size" else _shape_entries(node, shape)
+    if None in dims:
+        return None
     if node.op_type == "Size":
-        return None if None in shape else np.array(math.prod(shape), dtype=np.int64)
+        return np.array(math.prod(dims), dtype=np.int64)
+    return np.array(dims, dtype=np.int64)
+
+
+def _shape_entries(node: onnx.NodeProto, shape: list[int | None]) -> list[int | None]:
+    """The dims a ``Shape`` node returns (its start/end applied), None where symbolic."""
     attrs = {a.name: a.i for a in node.attribute}
     rank = len(shape)
     start, end = attrs.get("start", 0), attrs.get("end", rank)
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = min(max(end + rank if end < 0 else end, 0), rank)
-    dims = shape[start:end]
-    return None if None in dims else np.array(dims, dtype=np.int64)
+    return list(shape[start:end])
+
+
+def _from_partial(node: onnx.NodeProto, partial: dict, known: dict) -> list | None:
+    """``Gather`` / ``Slice`` of a shape with symbolic entries (``x.shape[-1]`` with a
+    dynamic batch): its value when every entry it selects is static. A slice with a
+    symbolic entry is recorded as a partial shape itself."""
+    entries = partial[node.input[0]]
+    index = np.arange(len(entries))
+    if node.op_type == "Gather":
+        if len(node.input) < 2 or node.input[1] not in known:
+            return None
+        picked = index[known[node.input[1]]]
+    else:
+        bounds = [known.get(i) if i else None for i in node.input[1:]]
+        if any(i and i not in known for i in node.input[1:]) or len(bounds) < 2:
+            return None
+        starts, ends = bounds[0], bounds[1]
+        axes = bounds[2] if len(bounds) > 2 and bounds[2] is not None else [0]
+        steps = bounds[3] if len(bounds) > 3 and bounds[3] is not None else [1]
+        if len(starts) != 1 or list(axes) not in ([0], [-1]):
+            return None
+        picked = index[int(starts[0]):int(ends[0]):int(steps[0])]
+    chosen = [entries[int(k)] for k in np.ravel(picked)]
+    if None in chosen:
+        if node.op_type == "Slice":
+            partial[node.output[0]] = chosen
+        return None
+    return [np.array(chosen, dtype=np.int64).reshape(np.shape(picked))]
+
+
+def _live(nodes: list, outputs: set[str]) -> list:
+    """``nodes`` without the pure ones whose every output is unused (backwards)."""
+    used = set(outputs)
+    live = []
+    for node in reversed(nodes):
+        if not _foldable(node) or any(o in used for o in node.output if o):
+            live.append(node)
+            used.update(i for i in node.input if i)
+    return live[::-1]
 
 
 def _evaluate(node: onnx.NodeProto, known: dict[str, np.ndarray], opset) -> list | None:
@@ -109,12 +155,17 @@ def fold_constants(model: onnx.ModelProto) -> int:
             if math.prod(init.dims) <= MAX_FOLDED_ELEMENTS and init.name not in overridable
         }
         keep, values, real = [], {}, 0
+        partial: dict[str, list[int | None]] = {}  # Shape outputs with symbolic entries
         for node in graph.node:
             result = None
             if node.op_type in ("Shape", "Size") and node.input and node.input[0] in shapes \
                     and node.domain in ("", "ai.onnx"):
                 value = _shape_value(node, shapes[node.input[0]])
                 result = None if value is None else [value]
+                if value is None and node.op_type == "Shape":
+                    partial[node.output[0]] = _shape_entries(node, shapes[node.input[0]])
+            elif node.op_type in ("Gather", "Slice") and node.input[0] in partial:
+                result = _from_partial(node, partial, known)
             elif node.op_type == "Constant" or (
                     _foldable(node) and node.input and all(not i or i in known
                                                             for i in node.input)):
@@ -129,6 +180,7 @@ def fold_constants(model: onnx.ModelProto) -> int:
                     known[name] = values[name] = np.asarray(value)
         if not real:
             break
+        keep = _live(keep, outputs)  # a Shape read only by folded nodes goes too
         used = {i for n in keep for i in n.input} | outputs
         folded += len(graph.node) - len(keep)
         del graph.node[:]

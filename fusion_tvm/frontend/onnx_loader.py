@@ -234,6 +234,16 @@ class _Importer(_stock.ONNXGraphImporter):
         converter = self._table.get(op_name)
         if converter is None:
             raise UnsupportedOperatorError(op_name, node_name)
+        # The stock converters special-case literal shape expressions (Gather / Slice /
+        # Concat of a ``Shape`` output); a shape that went through a binding reached them as
+        # a variable ("shape_of expects a tensor input", "Slice requires a statically known
+        # input rank": dynamic GPT-NeoX export). A shape whose dims are known is literal;
+        # one whose dims are not is what ONNX says a Shape output is, an int64 tensor.
+        for k, value in enumerate(inputs):
+            ty = getattr(value, "ty", None)
+            if isinstance(ty, relax.ShapeType) and not isinstance(value, relax.ShapeExpr):
+                inputs[k] = relax.ShapeExpr(ty.values) if ty.values is not None else \
+                    self.bb.normalize(relax.op.shape_to_tensor(value))
         try:
             expr = converter.get_converter(opset)(
                 self.bb, inputs, attrs, [self._nodes, self._params]

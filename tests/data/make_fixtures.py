@@ -295,8 +295,32 @@ def make_swin_tiny() -> None:
     _export_hf(SwinModel(config), inputs, ["last_hidden_state"], {}, "swin_tiny")
 
 
+class _LastHidden(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids).last_hidden_state  # use_cache=False: aten::diff
+
+
+def make_gpt_neox_tiny() -> None:
+    """GPT-NeoX, dynamic batch and sequence: its rotary slices are bounded by values read
+    off partly symbolic shapes (``x.shape[-1]``), and shapes reach Gather / Slice through
+    bindings."""
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    config = GPTNeoXConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=64)
+    _export(_LastHidden(GPTNeoXModel(config)), (torch.randint(0, 100, (2, 16)),),
+            HERE / "gpt_neox_tiny.onnx", ["input_ids"], ["last_hidden_state"],
+            {"input_ids": _SEQ_AXES, "last_hidden_state": _SEQ_AXES})
+
+
 FIXTURES = {
     "cnn_bn": make_cnn_bn,
+    "gpt_neox_tiny": make_gpt_neox_tiny,
     "swin_tiny": make_swin_tiny,
     "bert_tiny": make_bert_tiny,
     "bert_tiny_dynamo": make_bert_tiny_dynamo,
