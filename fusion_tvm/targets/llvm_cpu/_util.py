@@ -165,43 +165,40 @@ def inline_spatial(
 MAX_INLINED_NODES = 8000
 
 
-def expr_nodes(node, limit: int = MAX_INLINED_NODES + 1) -> int:
-    """Nodes of the expression/statement tree under ``node``, counted up to ``limit``."""
-    count, stack = 0, [node]
-    while stack and count < limit:
-        cur = stack.pop()
-        if not isinstance(cur, (tirx.Stmt, tvm.ir.expr.Expr)):
-            continue
-        count += 1
-        for field in _CHILD_FIELDS:
-            child = getattr(cur, field, None)
-            if isinstance(child, Sequence):
-                stack.extend(child)
-            elif child is not None:
-                stack.append(child)
-    return count
-
-
 _CHILD_FIELDS = ("value", "a", "b", "args", "indices", "condition", "true_value",
                  "false_value", "body", "seq", "then_case", "else_case", "block")
 
 
-def _loads_of(node, buffer) -> int:
-    """Loads of ``buffer`` in the tree under ``node``."""
-    count, stack = 0, [node]
+def _walk(node):
+    """Every expression / statement node of the tree under ``node`` (depth first)."""
+    stack = [node]
     while stack:
         cur = stack.pop()
         if not isinstance(cur, (tirx.Stmt, tvm.ir.expr.Expr)):
             continue
-        if isinstance(cur, TensorLoad) and cur.source.same_as(buffer):
-            count += 1
+        yield cur
         for field in _CHILD_FIELDS:
             child = getattr(cur, field, None)
             if isinstance(child, Sequence):
                 stack.extend(child)
             elif child is not None:
                 stack.append(child)
+
+
+def expr_nodes(node, limit: int = MAX_INLINED_NODES + 1) -> int:
+    """Nodes of the expression/statement tree under ``node``, counted up to ``limit``."""
+    count = 0
+    for _ in _walk(node):
+        count += 1
+        if count >= limit:
+            break
     return count
+
+
+def _loads_of(node, buffer) -> int:
+    """Loads of ``buffer`` in the tree under ``node``."""
+    return sum(1 for cur in _walk(node)
+               if isinstance(cur, TensorLoad) and cur.source.same_as(buffer))
 
 
 def inline_stays_small(sch: s_tir.Schedule, block: SBlockRV, forward: bool) -> bool:
