@@ -129,3 +129,25 @@ def test_static_entries_of_a_symbolic_shape_fold():
     for shape in ((1, 3, 8), (2, 5, 8)):
         xv = np.random.default_rng(0).standard_normal(shape).astype("float32")
         np.testing.assert_array_equal(cm.run({"x": xv})[0], sess.run(None, {"x": xv})[0])
+
+
+def test_values_read_only_inside_a_subgraph_stay_defined():
+    """A folded value read only by an If branch becomes an initializer the branch sees."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])
+    branch_out = helper.make_tensor_value_info("b", TensorProto.FLOAT, [6])
+    then_g = helper.make_graph([helper.make_node("Reshape", ["x", "target"], ["b"])],
+                               "then", [], [branch_out])
+    else_g = helper.make_graph([helper.make_node("Reshape", ["x", "target"], ["b"])],
+                               "else", [], [branch_out])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ReduceProd", ["s"], ["n"], keepdims=1),
+             helper.make_node("Identity", ["n"], ["target"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)]
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    model = _model(nodes, [x], [y], [cond])
+    assert fold_constants(model) == 3
+    onnx.checker.check_model(model)
+    xv = np.arange(6, dtype="float32").reshape(2, 3)
+    (got,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": xv})
+    np.testing.assert_array_equal(got, xv.reshape(6))

@@ -103,6 +103,16 @@ def _from_partial(node: onnx.NodeProto, partial: dict, known: dict) -> list | No
     return [np.array(chosen, dtype=np.int64).reshape(np.shape(picked))]
 
 
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """Names ``node`` reads, those its subgraphs (If / Loop / Scan bodies) read included."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            for inner in sub.node:
+                names |= _reads(inner)
+    return names
+
+
 def _live(nodes: list, outputs: set[str]) -> list:
     """``nodes`` without the pure ones whose every output is unused (backwards)."""
     used = set(outputs)
@@ -110,7 +120,7 @@ def _live(nodes: list, outputs: set[str]) -> list:
     for node in reversed(nodes):
         if not _foldable(node) or any(o in used for o in node.output if o):
             live.append(node)
-            used.update(i for i in node.input if i)
+            used |= _reads(node)
     return live[::-1]
 
 
@@ -181,7 +191,7 @@ def fold_constants(model: onnx.ModelProto) -> int:
         if not real:
             break
         keep = _live(keep, outputs)  # a Shape read only by folded nodes goes too
-        used = {i for n in keep for i in n.input} | outputs
+        used = set().union(*(_reads(n) for n in keep)) | outputs
         folded += len(graph.node) - len(keep)
         del graph.node[:]
         graph.node.extend(keep)
