@@ -151,3 +151,17 @@ def test_values_read_only_inside_a_subgraph_stay_defined():
     xv = np.arange(6, dtype="float32").reshape(2, 3)
     (got,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": xv})
     np.testing.assert_array_equal(got, xv.reshape(6))
+
+
+def test_expand_symbolic_data_to_a_constant_shape():
+    """Expand of data with a symbolic dim to a constant shape (Bloom's ALiBi with dynamic
+    axes): TVM's converter read every data dim as an integer."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = _model([helper.make_node("Expand", ["x", "shape"], ["y"])], [x], [y],
+                   [_const("shape", [1, 3, 4])])
+    cm = fusion_tvm.compile(model)
+    sess = ort.InferenceSession(model.SerializeToString())
+    for batch in (1, 2):
+        xv = np.random.default_rng(batch).standard_normal((batch, 1, 4)).astype("float32")
+        np.testing.assert_array_equal(cm.run({"x": xv})[0], sess.run(None, {"x": xv})[0])

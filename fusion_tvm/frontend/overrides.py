@@ -155,3 +155,21 @@ def _int_scalar(value) -> int | None:
 def _prim_dtype(expr) -> str:
     # A tirx.Var's ``dtype`` property raises unless it is a buffer var; ``ty`` always works.
     return str(expr.ty)
+
+
+@register_override("Expand")
+class Expand(_stock.Expand):
+    """Expand to a constant shape from data with symbolic dims (Bloom's ALiBi with a
+    dynamic batch and sequence): the stock constant-shape branch reads every data dim as an
+    integer; its shape-expression branch handles symbolic dims, so the constant goes there.
+    """
+
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        data, shape = inputs[0], inputs[1]
+        dims = getattr(getattr(data, "ty", None), "shape", None)
+        if isinstance(shape, tvm.ir.GenericConst) and dims is not None and any(
+                not isinstance(d, tirx.IntImm) for d in dims):
+            target = [int(v) for v in shape.value.numpy().reshape(-1)]
+            inputs = [data, relax.ShapeExpr(target), *inputs[2:]]
+        return super()._impl_v13(bb, inputs, attr, params)
