@@ -36,11 +36,15 @@ class KernelTraits:
     recompute : dict
         FLOPs by op class of inlined producers evaluated more than once per element, beyond
         the one evaluation the graph counts.
+    parallel_regions : int, optional
+        The kernel's parallel loops when the backend counted them with the rest (then its
+        ``parallel_regions`` hook is not asked again).
     """
 
     main_parallel: bool
     staged_bytes: float = 0.0
     recompute: dict = field(default_factory=dict)
+    parallel_regions: int | None = None
 
 
 @dataclass(frozen=True)

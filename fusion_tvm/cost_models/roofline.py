@@ -333,7 +333,10 @@ class RooflineCostModel(CostModel):
         # The rule's efficiency is the fraction of the roofline it reaches (calibrated);
         # every parallel loop of the kernel also forks and joins the thread pool.
         hook = getattr(self.backend, "parallel_regions", None)
-        regions = hook(graph, group, rule, hw) if callable(hook) else None
+        if traits is not None and traits.parallel_regions is not None:
+            regions = traits.parallel_regions  # the backend worked them out with the traits
+        else:
+            regions = hook(graph, group, rule, hw) if callable(hook) else None
         if regions is None:
             regions = parallel_regions(graph, group, rule, hw, flops, published)
         launch_s = hw.launch_overhead_s + hw.parallel_cost(regions)

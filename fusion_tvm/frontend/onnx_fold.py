@@ -54,17 +54,6 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     return shapes
 
 
-def _shape_value(node: onnx.NodeProto, shape: list[int | None]) -> np.ndarray | None:
-    """Value of a ``Shape`` (with its start/end) or ``Size`` node; None when a dim it
-    returns is not static."""
-    dims = shape if node.op_type == "Size" else _shape_entries(node, shape)
-    if None in dims:
-        return None
-    if node.op_type == "Size":
-        return np.array(math.prod(dims), dtype=np.int64)
-    return np.array(dims, dtype=np.int64)
-
-
 def _shape_entries(node: onnx.NodeProto, shape: list[int | None]) -> list[int | None]:
     """The dims a ``Shape`` node returns (its start/end applied), None where symbolic."""
     attrs = {a.name: a.i for a in node.attribute}
@@ -170,10 +159,13 @@ def fold_constants(model: onnx.ModelProto) -> int:
             result = None
             if node.op_type in ("Shape", "Size") and node.input and node.input[0] in shapes \
                     and node.domain in ("", "ai.onnx"):
-                value = _shape_value(node, shapes[node.input[0]])
-                result = None if value is None else [value]
-                if value is None and node.op_type == "Shape":
-                    partial[node.output[0]] = _shape_entries(node, shapes[node.input[0]])
+                shape = shapes[node.input[0]]
+                dims = shape if node.op_type == "Size" else _shape_entries(node, shape)
+                if None not in dims:
+                    result = [np.array(math.prod(dims) if node.op_type == "Size" else dims,
+                                       dtype=np.int64)]
+                elif node.op_type == "Shape":
+                    partial[node.output[0]] = dims
             elif node.op_type in ("Gather", "Slice") and node.input[0] in partial:
                 result = _from_partial(node, partial, known)
             elif node.op_type == "Constant" or (
@@ -182,7 +174,7 @@ def fold_constants(model: onnx.ModelProto) -> int:
                 result = _evaluate(node, known, opset)
             if result is None or any(o in outputs for o in node.output) or any(
                     np.asarray(r).size > MAX_FOLDED_ELEMENTS for r in result):
-                keep.append(onnx.NodeProto.FromString(node.SerializeToString()))
+                keep.append(node)
                 continue
             real += node.op_type != "Constant"
             for name, value in zip(node.output, result, strict=False):
@@ -190,7 +182,8 @@ def fold_constants(model: onnx.ModelProto) -> int:
                     known[name] = values[name] = np.asarray(value)
         if not real:
             break
-        keep = _live(keep, outputs)  # a Shape read only by folded nodes goes too
+        # a Shape read only by folded nodes goes too; copies outlive the cleared list
+        keep = [onnx.NodeProto.FromString(n.SerializeToString()) for n in _live(keep, outputs)]
         used = set().union(*(_reads(n) for n in keep)) | outputs
         folded += len(graph.node) - len(keep)
         del graph.node[:]

@@ -165,19 +165,23 @@ def inline_spatial(
 MAX_INLINED_NODES = 8000
 
 
-_CHILD_FIELDS = ("value", "a", "b", "args", "indices", "condition", "true_value",
-                 "false_value", "body", "seq", "then_case", "else_case", "block")
+_EXPR_FIELDS = ("value", "a", "b", "args", "condition", "true_value", "false_value", "body",
+                "seq", "then_case", "else_case", "block")
+_CHILD_FIELDS = (*_EXPR_FIELDS, "indices")
 
 
-def _walk(node):
-    """Every expression / statement node of the tree under ``node`` (depth first)."""
+def _walk(node, fields: tuple = _CHILD_FIELDS, prune=None):
+    """Every expression / statement node of the tree under ``node`` (depth first), through
+    ``fields``; a node for which ``prune`` is true is yielded but not entered."""
     stack = [node]
     while stack:
         cur = stack.pop()
         if not isinstance(cur, (tirx.Stmt, tvm.ir.expr.Expr)):
             continue
         yield cur
-        for field in _CHILD_FIELDS:
+        if prune is not None and prune(cur):
+            continue
+        for field in fields:
             child = getattr(cur, field, None)
             if isinstance(child, Sequence):
                 stack.extend(child)
@@ -204,16 +208,18 @@ def _loads_of(node, buffer) -> int:
 def inline_stays_small(sch: s_tir.Schedule, block: SBlockRV, forward: bool) -> bool:
     """Whether inlining ``block`` (into its consumers when ``forward``, else its consumer
     body into its producer) keeps every resulting expression within MAX_INLINED_NODES."""
-    pairs = ([(block, c) for c in sch.get_consumers(block)] if forward
-             else [(p, block) for p in sch.get_producers(block)])
-    for producer, consumer in pairs:
+    producers, consumers = ([block], sch.get_consumers(block)) if forward else (
+        sch.get_producers(block), [block])
+    bodies = [sch.get(c).body for c in consumers]
+    sizes = [expr_nodes(body) for body in bodies]
+    for producer in producers:
         pstmt = sch.get(producer)
         if not isinstance(pstmt.body, tirx.BufferStore) or not pstmt.writes:
             continue
-        body = sch.get(consumer).body
-        refs = _loads_of(body, pstmt.writes[0].source)
-        if expr_nodes(body) + refs * expr_nodes(pstmt.body.value) > MAX_INLINED_NODES:
-            return False
+        value_size = expr_nodes(pstmt.body.value)
+        for body, size in zip(bodies, sizes, strict=True):
+            if size + _loads_of(body, pstmt.writes[0].source) * value_size > MAX_INLINED_NODES:
+                return False
     return True
 
 
@@ -225,28 +231,24 @@ SCALAR_BETTER_INTRINSICS = frozenset({"tirx.erf"})
 NO_VECTOR_LOWERING = frozenset({"tirx.cosh", "tirx.sinh"})
 
 
-def _calls(node, names: frozenset, depth: int = 0) -> bool:
+def _calls(node, names: frozenset) -> bool:
     """Whether the expression/statement tree under ``node`` calls an op in ``names``."""
-    return count_calls(node, names, depth, first=True) > 0
+    return count_calls(node, names, first=True) > 0
 
 
-def count_calls(node, names: frozenset, depth: int = 0, first: bool = False) -> int:
-    """Calls of ops in ``names`` in the tree under ``node`` (stops at the first with
-    ``first``)."""
-    if depth > 200 or node is None:
-        return 0
-    if isinstance(node, tvm.ir.expr.Call) and getattr(node.op, "name", "") in names:
-        return 1
+def count_calls(node, names: frozenset, first: bool = False) -> int:
+    """Calls of ops in ``names`` in the tree under ``node``, a call inside another counted
+    once (stops at the first with ``first``); buffer indices are not searched."""
+
+    def named(expr) -> bool:
+        return isinstance(expr, tvm.ir.expr.Call) and getattr(expr.op, "name", "") in names
+
     total = 0
-    for field in ("value", "a", "b", "args", "condition", "true_value", "false_value", "body",
-                  "seq", "then_case", "else_case", "block"):
-        child = getattr(node, field, None)
-        kids = child if isinstance(child, Sequence) else [child]
-        for c in kids:
-            if isinstance(c, (tirx.Stmt, tvm.ir.expr.Expr)):
-                total += count_calls(c, names, depth + 1, first)
-                if first and total:
-                    return total
+    for cur in _walk(node, _EXPR_FIELDS, prune=named):
+        if named(cur):
+            total += 1
+            if first:
+                break
     return total
 
 

@@ -75,7 +75,8 @@ class LLVMCPUBackend(Backend):
         kernel = conv_kernel(graph, group, conv, hw) if conv is not None else None
         if kernel is None:
             return None
-        return KernelTraits(kernel.rows_parallel, kernel.staged_bytes, dict(kernel.recompute))
+        return KernelTraits(kernel.rows_parallel, kernel.staged_bytes, dict(kernel.recompute),
+                            kernel.regions)
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""
