@@ -62,6 +62,11 @@ class TemplateLimits:
         Whether a contraction may share a group with another reduction.
     max_nodes : int
         Upper bound on group size (keeps compile time and code size in check).
+    row_prologue : bool
+        A matmul may take a row-wise reduction chain feeding its A operand (a layer norm /
+        RMSNorm before a projection): the chain runs as a staged row pass inside the
+        kernel, the normalised rows read by the GEMM from cache. Reductions after the
+        matmul or feeding its B operand still need ``contraction_with_reduction``.
     attention : bool
         The backend has a template for a row-local compute chain: a matmul of two run-time
         tensors, row reductions of its result (softmax), and a second such matmul reading
@@ -72,6 +77,7 @@ class TemplateLimits:
     max_contractions: int = 1
     contraction_with_reduction: bool = False
     max_nodes: int = 64
+    row_prologue: bool = False
     attention: bool = False
 
 
@@ -260,12 +266,36 @@ def check_templates(
             return d
     if contractions and not limits.contraction_with_reduction:
         reds = [n for n in nodes if n.is_reduction]
+        if reds and limits.row_prologue and row_prologue(graph, group):
+            return FusionDecision.allow()
         if reds:
             return FusionDecision.forbid(
                 f"matmul/conv {contractions[0].name} with reduction {reds[0].name}: no template "
                 "schedules a contraction together with a separate reduction"
             )
     return FusionDecision.allow()
+
+
+def row_prologue(graph: FusionGraph, group: frozenset[int]) -> bool:
+    """Whether every reduction of ``group`` lies on the A side of its one matmul (a norm
+    feeding a projection): upstream of the matmul's first input, not of any other input,
+    nothing reduced after it."""
+    contractions = [graph.nodes[i] for i in group if graph.nodes[i].is_contraction]
+    if len(contractions) != 1 or contractions[0].op_class is not OpClass.MATMUL:
+        return False
+    c = contractions[0]
+
+    def side(tids) -> set[int]:
+        out: set[int] = set()
+        for tid in tids:
+            p = graph.tensors[tid].producer
+            if p in group:
+                out |= {p} | _ancestors(graph, p, group)
+        return out
+
+    a_side, b_side = side(c.inputs[:1]), side(c.inputs[1:])
+    reds = [i for i in group if graph.nodes[i].is_reduction]
+    return bool(reds) and all(r in a_side and r not in b_side for r in reds)
 
 
 def _activation_matmul(graph: FusionGraph, node) -> bool:

@@ -11,6 +11,7 @@ from onnx import TensorProto
 
 import fusion_tvm
 from benchmarks.ablation import CASES, inputs
+from benchmarks.zoo import example_inputs
 from benchmarks.zoo.builder import GraphBuilder
 from fusion_tvm.legality import FusionKinds
 from fusion_tvm.search import SearchConfig
@@ -234,3 +235,63 @@ def test_roofline_runs_a_producer_of_a_reduction_once():
     assert cost.detail["rule"] == "reduction"
     assert cost.detail["recompute"] == {}
     assert cost.onchip_bytes > 0  # the exp row stays in cache
+
+
+# ------------------------------------------------------------ a norm feeding a matmul (#8)
+def _norm_projection(rows, decomposed: bool, residual: bool, publish_norm: bool = False):
+    """(residual add ->) layer norm -> x W + b: a pre-norm transformer's projection input.
+    ``publish_norm`` also returns the norm (BERT's post-norm: it is the next residual)."""
+    g = GraphBuilder("norm_projection")
+    x = g.add_input("x", [1, rows, 64])
+    h = g.op("Add", [x, g.add_input("r", [1, rows, 64])]) if residual else x
+    if residual:
+        g.add_output(h)
+    n = g.layernorm(h, 64, decomposed=decomposed)
+    if publish_norm:
+        g.add_output(n)
+    g.add_output(g.op("Add", [g.op("MatMul", [n, g.normal((64, 96), 0.1, "w")]),
+                              g.normal((96,), 0.1, "b")]))
+    return g.build()
+
+
+@pytest.mark.parametrize("decomposed,residual,publish,rows", [
+    (False, True, False, 128),  # GPT-2: residual add + LayerNormalization + QKV
+    (True, False, True, 128),  # BERT: decomposed LN published for the next residual
+    (True, True, False, 197),  # ViT rows: the GEMM pads A to whole row tiles
+    (False, False, False, "S"),  # symbolic rows
+])
+def test_norm_feeding_a_matmul_is_one_staged_matmul_kernel(decomposed, residual, publish, rows):
+    """The norm runs as a row pass inside the matmul's kernel (one kernel, the matmul rule,
+    no fallback); equal to the unfused build. Without reduction chains: the norm is apart."""
+    from tvm import tirx
+
+    model = _norm_projection(rows, decomposed, residual, publish)
+    hints = {"S": (1, 256)} if rows == "S" else None
+    ours = _build(model, shape_hints=hints)
+    off = _build(model, shape_hints=hints,
+                 search=SearchConfig(kinds=FusionKinds(reduction_chains=False)))
+    assert ours.num_kernels == 1
+    assert [g.rule for g in ours.plan.groups] == ["matmul"]
+    (func,) = [f for f in ours.fused_mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert str(func.attrs["fusion_tvm.rule"]) == "matmul"
+    assert off.num_kernels >= 2
+    unfused = _build(model, fusion="none", shape_hints=hints)
+    for seq in ((5, 77) if rows == "S" else (None,)):
+        feeds = example_inputs(model, seed=7, **({"S": seq} if seq else {}))
+        _assert_same(ours, unfused, feeds)
+
+
+def test_roofline_prices_a_staged_norm_as_its_row_pass_plus_the_gemm():
+    """Merged = the norm's row kernel + the GEMM kernel - one launch (the normalised rows go
+    through cache as between two kernels): not the norm's arithmetic inlined into the
+    GEMM's A loads once per column panel."""
+    plan, graph = _plan_graph(_norm_projection(128, decomposed=True, residual=False))
+    model = plan.cost_model_obj
+    group = frozenset(graph.fusible_nodes)
+    matmul = next(n for n in group if graph.nodes[n].is_contraction)
+    gemm = frozenset({matmul} | {n for n in group if n > matmul})
+    norm = group - gemm
+    merged = model.estimate(graph, group)
+    apart = model.estimate(graph, norm).time_s + model.estimate(graph, gemm).time_s
+    assert merged.detail["rule"] == "matmul"
+    assert merged.time_s == pytest.approx(apart - plan.cost_model_obj.hw.launch_overhead_s)

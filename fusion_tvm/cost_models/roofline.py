@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 
 from ..graph import FusionGraph, PatternKind
-from ..legality import GroupKind, classify
+from ..legality import GroupKind, classify, reachable, row_prologue
 from ..tir_analysis import evaluate
 from .base import Cost, CostModel, register_cost_model
 from .hardware import DeviceKind, OpClass
@@ -161,6 +161,15 @@ def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
     return min(reuse, 1.0) if size < out else reuse
 
 
+def row_stage(graph: FusionGraph, group: frozenset[int]) -> set[int]:
+    """Members computed by a matmul kernel's staged row pass: everything upstream of the
+    matmul when a reduction (a norm) feeds its A operand (``legality.row_prologue``)."""
+    if not any(graph.nodes[n].is_reduction for n in group) or not row_prologue(graph, group):
+        return set()
+    c = next(n for n in group if graph.nodes[n].is_contraction)
+    return reachable(graph.preds, c, group)
+
+
 def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> str:
     """The schedule rule expected to handle ``group`` (backend's answer when it has one)."""
     if backend is not None and hasattr(backend, "rule_for_group"):
@@ -236,6 +245,34 @@ class RooflineCostModel(CostModel):
         self._cache[key] = (graph, cost)
         return cost
 
+    def _staged(self, graph: FusionGraph, group: frozenset[int], staged: set[int]) -> Cost:
+        """A matmul kernel whose A operand is computed by a staged row pass (a norm): the
+        row pass as the reduction rule's kernel, then the GEMM reading its output, in one
+        launch. The normalised A goes through memory (cache-resident when it fits) as it
+        would between two kernels; what fusing saves is a launch."""
+        stage = self.estimate(graph, frozenset(staged))
+        gemm = self.estimate(graph, group - staged)
+        detail = dict(gemm.detail)
+        detail["staged_row_pass_s"] = stage.time_s - self.hw.launch_overhead_s
+        detail["parallel_regions"] = (gemm.detail.get("parallel_regions", 0)
+                                      + stage.detail.get("parallel_regions", 0))
+        internal = []  # stage outputs only the GEMM part reads: they never leave the kernel
+        for n in staged:
+            t = graph.tensors[graph.nodes[n].outputs[0]]
+            if not t.escapes and all(c in group for c in t.consumers) and any(
+                    c not in staged for c in t.consumers):
+                internal.append(graph.nodes[n].outputs[0])
+        a_bytes = sum(graph.nbytes(t) for t in internal)
+        return Cost(
+            time_s=stage.time_s + gemm.time_s - self.hw.launch_overhead_s,
+            dram_bytes=max(0.0, stage.dram_bytes + gemm.dram_bytes - 2 * a_bytes),
+            onchip_bytes=stage.onchip_bytes + gemm.onchip_bytes + a_bytes,
+            flops=stage.flops + gemm.flops,
+            feasible=True,
+            reason=f"{gemm.reason}, a staged row pass before it",
+            detail=detail,
+        )
+
     def _estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
         hw = self.hw
         dims = graph.dims
@@ -250,6 +287,9 @@ class RooflineCostModel(CostModel):
         # The reduction rule runs the chain row by row: a producer of a reduction stays a
         # block whose row is kept in cache (not inlined, runs once), and a per-row value
         # read by an in-row broadcast is loop-invariant in the column loop (hoisted).
+        staged = row_stage(graph, group) if rule == "matmul" else set()
+        if staged:
+            return self._staged(graph, group, staged)
         rowwise = rule == "reduction"
         mult: dict[int, float] = {}
         published: list[int] = []

@@ -12,6 +12,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
+from ...passes.mark_constant_params import CONSTANT_PARAMS_ATTR
 from ...tir_analysis import analyze_primfunc
 from .parallel import elementwise_seconds, parallel_pays
 
@@ -56,6 +57,12 @@ def sole_contraction(sch: s_tir.Schedule, out_rank: int):
         return None
     out_vars = [r.min if isinstance(r.min, tirx.Var) else None for r in stmt.writes[0].region]
     return main, stmt, out_vars
+
+
+def constant_param(func: tirx.PrimFunc, buf) -> bool:
+    """Whether ``buf`` is a parameter every caller passes as a constant."""
+    constant = (func.attrs or {}).get(CONSTANT_PARAMS_ATTR, [])
+    return any(func.params[int(i)].same_as(buf) for i in constant)
 
 
 def dtype_bits(sch: s_tir.Schedule, block: SBlockRV) -> int:

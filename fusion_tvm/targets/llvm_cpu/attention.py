@@ -32,6 +32,7 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from ...cost_models.hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
+    constant_param,
     dtype_bits,
     inline_spatial,
     is_reduction,
@@ -241,6 +242,8 @@ class Attention(ScheduleRule):
         row_reductions = [b for b in blocks if _is_row_reduction(sch, b)]
         if not contractions or len(contractions) > 2 or not row_reductions:
             return None
+        if any(constant_param(func, r.source) for c in contractions for r in sch.get(c).reads):
+            return None  # a weight matmul after a norm: the matmul rule stages the norm
         if len(contractions) + len(row_reductions) != sum(
             1 for b in blocks if is_reduction(sch, b)
         ):

@@ -22,6 +22,7 @@ vectors, the A broadcast and what LLVM keeps live), and the whole ``mr x K`` A s
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import tvm
@@ -31,10 +32,10 @@ from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits, get_index_
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...cost_models.hardware import HardwareSpec
-from ...passes.mark_constant_params import CONSTANT_PARAMS_ATTR
 from ...passes.prepack_weights import PREPACK_ATTR
 from ..base import ScheduleRule
 from ._util import (
+    constant_param,
     inline_spatial,
     is_cheap,
     is_reduction,
@@ -48,6 +49,7 @@ from ._util import (
     vector_friendly,
 )
 from .parallel import gemv_panel, gemv_pays, matmul_tile_pays, pack_pays
+from .reduction import schedule_row_chain
 
 #: Row tiles that must share each packed B panel for packing a row-major B to pay off.
 PACK_MIN_ROW_TILES = 12
@@ -123,10 +125,17 @@ def _panel_stationary(
 
 
 def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
+    """The GEMM block: the one reduction of two buffers with a dlight index map. Other
+    reductions are allowed only as a row stage feeding its A operand (:func:`_row_stage`)."""
     reductions = [b for b in blocks if not is_spatial(sch, b)]
-    if len(reductions) != 1 or not all(is_reduction(sch, b) for b in reductions):
+    if not reductions or not all(is_reduction(sch, b) for b in reductions):
         return None
-    main = reductions[0]
+    candidates = [b for b in reductions if _two_operands(sch.get(b))]
+    if len(reductions) == 1:
+        candidates = reductions
+    if len(candidates) != 1:
+        return None
+    main = candidates[0]
     stmt = sch.get(main)
     # Operands indexed by plain iterators only: a window (y + ry) is a convolution, which
     # dlight's index maps would otherwise accept as an implicit GEMM.
@@ -136,7 +145,68 @@ def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
                 return None
     if get_index_map(stmt) is None:
         return None
+    if len(reductions) > 1:
+        stage = _row_stage(sch, main)
+        staged = {sch.get(b) for b in stage or ()}
+        if not stage or any(sch.get(r) not in staged for r in reductions if r != main):
+            return None
     return main
+
+
+def _two_operands(stmt: tirx.stmt.SBlock) -> bool:
+    """Whether the block reads two buffers, both along its reduction axes (a GEMM, not a
+    variance reading the rows and their mean)."""
+    reduce_vars = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    if len({r.source for r in stmt.reads}) != 2:
+        return False
+    return all(
+        any(v in reduce_vars for rng in r.region for v in tirx.analysis.undefined_vars(rng.min))
+        for r in stmt.reads
+    )
+
+
+def _row_stage(sch: s_tir.Schedule, main: SBlockRV) -> list[SBlockRV] | None:
+    """The root blocks computing the GEMM's A operand (its producer and that producer's
+    ancestors, in dataflow order) when they include a reduction: a layer / RMS norm
+    feeding the matmul. None without such a reduction."""
+    a_source = sch.get(main).reads[0].source
+    feeding = [p for p in sch.get_producers(main)
+               if any(w.source.same_as(a_source) for w in sch.get(p).writes)]
+    if len(feeding) != 1:
+        return None
+    seen = {sch.get(feeding[0])}
+    pending = [feeding[0]]
+    while pending:
+        for producer in sch.get_producers(pending.pop()):
+            if sch.get(producer) not in seen:
+                seen.add(sch.get(producer))
+                pending.append(producer)
+    stage = [b for b in root_blocks(sch) if sch.get(b) in seen]
+    if len(stage) != len(seen) or all(is_spatial(sch, b) for b in stage):
+        return None
+    return stage
+
+
+def _stage_rows(sch: s_tir.Schedule, main: SBlockRV, hw: HardwareSpec) -> bool | None:
+    """Compute a norm feeding A as a row-wise pass before the GEMM, inside this kernel
+    (the reduction rule's row loop): the normalised A is materialised once and the GEMM
+    reads it from cache. Inlined into the GEMM's loads instead, the normalisation would run
+    once per column panel. None when there is no such stage, False when it cannot be
+    scheduled."""
+    stage = _row_stage(sch, main)
+    if stage is None:
+        return None
+    anchor = sch.get(stage[-1])
+    extents = [static_extent(sch, lp) for lp in sch.get_loops(stage[-1])]
+    work = None if None in extents else 8.0 * math.prod(extents)
+
+    def chain() -> list[SBlockRV]:
+        blocks = _row_stage(sch, main) or []
+        # the anchor stays last (rfactor's write-back blocks come after it in root order)
+        return [*(b for b in blocks if not sch.get(b).same_as(anchor)),
+                *(b for b in blocks if sch.get(b).same_as(anchor))]
+
+    return schedule_row_chain(sch, stage, hw, work, chain)
 
 
 def _b_j_contiguous(block: tirx.stmt.SBlock) -> bool:
@@ -222,6 +292,8 @@ def _inline_operand(
         ]
         if len(feeding) != 1 or (cheap_only and not is_cheap(sch, feeding[0])):
             return
+        if any(not is_spatial(sch, p) for p in sch.get_producers(feeding[0])):
+            return  # it reads a row statistic: a staged norm (see _stage_rows) stays a pass
         try:
             sch.compute_inline(feeding[0])
         except ScheduleError:
@@ -315,12 +387,6 @@ def _placed_at_tile(sch: s_tir.Schedule, block: SBlockRV, tile) -> s_tir.Schedul
     return trial
 
 
-def _constant_param(func: tirx.PrimFunc, buf) -> bool:
-    """Whether ``buf`` is a parameter every caller passes as a constant."""
-    constant = (func.attrs or {}).get(CONSTANT_PARAMS_ATTR, [])
-    return any(func.params[int(i)].same_as(buf) for i in constant)
-
-
 def _is_alloc(sch: s_tir.Schedule, buf) -> bool:
     """Whether ``buf`` is allocated inside the function (not a parameter)."""
     return any(b.same_as(buf) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
@@ -350,9 +416,12 @@ def _normalise(func: tirx.PrimFunc, hw: HardwareSpec) -> _Normalised | s_tir.Sch
     if main is None:
         return _schedule_row_gemv(sch, hw)
     inline_spatial(sch, keep=(main,))
+    staged = _stage_rows(sch, main, hw)
+    if staged is False:
+        return None
     # Producers of A stay materialised: inlining them would recompute them N times.
     a_buffer = sch.get(main).reads[0].source
-    prologue = [
+    prologue = [] if staged else [
         b
         for b in sch.get_producers(main)
         if is_spatial(sch, b) and any(w.source.same_as(a_buffer) for w in sch.get(b).writes)
@@ -361,7 +430,7 @@ def _normalise(func: tirx.PrimFunc, hw: HardwareSpec) -> _Normalised | s_tir.Sch
     # B read in place must stay contiguous along j once its producers are inlined.
     b_contiguous = _b_j_contiguous(main_stmt) and _chain_keeps_last_axis(sch, main, 1)
     bits = int(main_stmt.writes[0].source.dtype.bits)
-    b_constant = _constant_param(sch.mod["main"], main_stmt.reads[1].source)
+    b_constant = constant_param(sch.mod["main"], main_stmt.reads[1].source)
     inner_i, inner_j = _fused_inner_extents(main_stmt)
 
     reindex_a = sch.reindex(main, ("read", 0))
@@ -639,7 +708,7 @@ def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule 
     )
     b_buf = stmt.reads[b_index].source
     if (len(b_buf.shape) == 2 and n is not None and n % nr == 0
-            and _constant_param(sch.mod["main"], b_buf)):
+            and constant_param(sch.mod["main"], b_buf)):
         packed = sch.cache_read(main, b_index, "global")
         sch.transform_layout(packed, ("write", 0), lambda kk, jj: (jj // nr, kk, jj % nr))
         p_k, p_j = sch.get_loops(packed)

@@ -241,62 +241,77 @@ class Reduction(ScheduleRule):
         window = _schedule_window(sch, blocks, hw)
         if window is not None:
             return window
-        rows = _shared_rows(sch, blocks)
-        if rows == 0 or not _row_local(sch, blocks, rows):
-            return None
-        width = lanes(hw, dtype_bits(sch, blocks[-1]))
-        rfactored = {}
-        for block in blocks:
-            if is_reduction(sch, block):
-                rf = _rfactor_rows(sch, block, width)
-                if rf is not None:
-                    rfactored[sch.get(rf)] = rf
-        blocks = root_blocks(sch)
-
-        # Anchor the row loop at the last block and pull every producer under it. A
-        # spatial block before it that publishes an output (a residual sum used by the
-        # next layer norm and by the next residual) cannot be computed at the row loop:
-        # its consumers recompute it inline, as they do every other spatial producer, and
-        # a copy of it (now a block with no producer in the group) publishes the output
-        # inside the row loop. (Anchoring at the first block and reverse_compute_at-ing
-        # the rest mis-derives regions: fuzz seeds 100 and 158.)
-        outputs = [sch.get(b) for b in sch.get_output_blocks(sch.get_sblock("root"))]
-        copies = []
-        for block in blocks[:-1]:
-            if not any(sch.get(block).same_as(o) for o in outputs):
-                continue
-            if not is_spatial(sch, block) or len(sch.get(block).writes) != 1:
-                return None
-            consumers = list(sch.get_consumers(block))
-            copy = sch.cache_write(block, 0, "global", consumer_blocks=consumers)
-            sch.compute_inline(block)
-            if sch.get_producers(copy):
-                # It reads a row statistic (centred rows published next to their norm):
-                # no order of compute_at / reverse_compute_at places it; decline.
-                return None
-            copies.append(copy)
-        copy_stmts = [sch.get(c) for c in copies]
-        blocks = [b for b in root_blocks(sch)
-                  if not any(sch.get(b).same_as(c) for c in copy_stmts)]
-        anchor = blocks[-1]
-        loops = sch.get_loops(anchor)
-        extents = [static_extent(sch, lp) for lp in loops]
-        elements = None if None in extents else math.prod(extents)
-        row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
         flops = static_flops(func)  # all the kernel's arithmetic (a softmax's exp too)
         work = None if flops is None else max(1.0, sum(flops.values()))
-        for block in reversed(blocks[:-1]):
-            sch.compute_at(block, row, preserve_unit_loops=True)
-        for copy in copies:  # its row loop joins the kernel's: one pass, one parallel loop
-            copy_loops = sch.get_loops(copy)
-            copy_row = sch.fuse(*copy_loops[:rows]) if rows > 1 else copy_loops[0]
-            row = sch.merge(row, copy_row)
-        if row_kernel_pays(hw, work, 8.0 * (elements or 0), static_extent(sch, row)):
-            sch.parallel(row)
+        return sch if schedule_row_chain(sch, blocks, hw, work) else None
 
-        for block in blocks + copies:
-            if any(sch.get(block).same_as(stmt) for stmt in rfactored):
-                _vectorize_partials(sch, block, width)
-            elif is_spatial(sch, block):
-                _vectorize_innermost(sch, block, width, 1)
-        return sch
+
+def schedule_row_chain(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSpec,
+                       work: float | None, chain=None) -> bool:
+    """Schedule ``blocks`` (root blocks in dataflow order) as one parallel loop over their
+    shared rows, every block computed inside it; False (``sch`` unusable) when they do not
+    share row-local rows.
+
+    ``work`` is the chain's arithmetic (None: symbolic), for the parallel decision;
+    ``chain()`` lists the chain's root blocks in dataflow order after an ``rfactor`` added
+    some (default: every root block — the whole function is the chain). The matmul rule
+    stages a layer norm feeding its A operand with it.
+    """
+    chain = chain or (lambda: root_blocks(sch))
+    rows = _shared_rows(sch, blocks)
+    if rows == 0 or not _row_local(sch, blocks, rows):
+        return False
+    width = lanes(hw, dtype_bits(sch, blocks[-1]))
+    rfactored = {}
+    for block in blocks:
+        if is_reduction(sch, block):
+            rf = _rfactor_rows(sch, block, width)
+            if rf is not None:
+                rfactored[sch.get(rf)] = rf
+    blocks = chain()
+
+    # Anchor the row loop at the last block and pull every producer under it. A
+    # spatial block before it that publishes an output (a residual sum used by the
+    # next layer norm and by the next residual) cannot be computed at the row loop:
+    # its consumers recompute it inline, as they do every other spatial producer, and
+    # a copy of it (now a block with no producer in the group) publishes the output
+    # inside the row loop. (Anchoring at the first block and reverse_compute_at-ing
+    # the rest mis-derives regions: fuzz seeds 100 and 158.)
+    outputs = [sch.get(b) for b in sch.get_output_blocks(sch.get_sblock("root"))]
+    copies = []
+    for block in blocks[:-1]:
+        if not any(sch.get(block).same_as(o) for o in outputs):
+            continue
+        if not is_spatial(sch, block) or len(sch.get(block).writes) != 1:
+            return False
+        consumers = list(sch.get_consumers(block))
+        copy = sch.cache_write(block, 0, "global", consumer_blocks=consumers)
+        sch.compute_inline(block)
+        if sch.get_producers(copy):
+            # It reads a row statistic (centred rows published next to their norm):
+            # no order of compute_at / reverse_compute_at places it; decline.
+            return False
+        copies.append(copy)
+    copy_stmts = [sch.get(c) for c in copies]
+    blocks = [b for b in chain()
+              if not any(sch.get(b).same_as(c) for c in copy_stmts)]
+    anchor = blocks[-1]
+    loops = sch.get_loops(anchor)
+    extents = [static_extent(sch, lp) for lp in loops]
+    elements = None if None in extents else math.prod(extents)
+    row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
+    for block in reversed(blocks[:-1]):
+        sch.compute_at(block, row, preserve_unit_loops=True)
+    for copy in copies:  # its row loop joins the kernel's: one pass, one parallel loop
+        copy_loops = sch.get_loops(copy)
+        copy_row = sch.fuse(*copy_loops[:rows]) if rows > 1 else copy_loops[0]
+        row = sch.merge(copy_row, row)
+    if row_kernel_pays(hw, work, 8.0 * (elements or 0), static_extent(sch, row)):
+        sch.parallel(row)
+
+    for block in blocks + copies:
+        if any(sch.get(block).same_as(stmt) for stmt in rfactored):
+            _vectorize_partials(sch, block, width)
+        elif is_spatial(sch, block):
+            _vectorize_innermost(sch, block, width, 1)
+    return True
