@@ -5,7 +5,8 @@
 For every model: FuseOps's partition, our full search, and our search with one kind switched
 off at a time (reduction chains, multi-output, prologue, weight folding, siblings, attention).
 With ``--measure`` every variant is built with the same schedule rules and timed, interleaved
-in one process in a rotating order (median of ``--repeat`` samples, see :func:`measure`). Writes benchmarks/results/ablation.json.
+in one process in a rotating order (median of ``--repeat`` samples, see :func:`measure`).
+Writes benchmarks/results/ablation.json.
 
 Besides the zoo, ``--models`` takes the small cases below (also used by the tests):
 ``attention`` (one softmax(Q K^T + mask) V block), ``tvm20342`` (a long fp16 exp chain feeding

@@ -62,11 +62,12 @@ class TemplateLimits:
         Whether a contraction may share a group with another reduction.
     max_nodes : int
         Upper bound on group size (keeps compile time and code size in check).
-    row_prologue : bool
+    row_stage : bool
         A matmul may take a row-wise reduction chain feeding its A operand (a layer norm /
-        RMSNorm before a projection): the chain runs as a staged row pass inside the
-        kernel, the normalised rows read by the GEMM from cache. Reductions after the
-        matmul or feeding its B operand still need ``contraction_with_reduction``.
+        RMSNorm before a projection) or consuming its output (a softmax of scores, a norm
+        after a projection): the chain runs as a staged row pass inside the kernel, before
+        or after the GEMM, the rows going through cache. Reductions on both sides or
+        feeding its B operand still need ``contraction_with_reduction``.
     attention : bool
         The backend has a template for a row-local compute chain: a matmul of two run-time
         tensors, row reductions of its result (softmax), and a second such matmul reading
@@ -77,7 +78,7 @@ class TemplateLimits:
     max_contractions: int = 1
     contraction_with_reduction: bool = False
     max_nodes: int = 64
-    row_prologue: bool = False
+    row_stage: bool = False
     attention: bool = False
 
 
@@ -121,6 +122,9 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
                 return FusionDecision.forbid(
                     f"reduction chains are switched off and {n.name} feeds the group"
                 )
+        if row_stage_side(graph, group):
+            return FusionDecision.forbid(
+                "reduction chains are switched off: no row pass staged with a matmul")
     if not kinds.attention and attention_chain(graph, group):
         return FusionDecision.forbid("compute chains (attention) are switched off")
     if not kinds.multi_output:
@@ -243,21 +247,27 @@ def check_templates(
             and attention_chain(graph, group):
         rows = graph.tensors[contractions[0].outputs[0]].shape[-2:-1]
         static = [int(r) for r in rows if isinstance(r, int) or hasattr(r, "value")]
-        if static and static[0] % ATTENTION_ROW_BLOCK:
+        if not static or static[0] % ATTENTION_ROW_BLOCK == 0:
+            return FusionDecision.allow()
+        if not (limits.row_stage and row_stage_side(graph, group)):
             # One query row at a time measured 2x slower than three kernels (ViT, S = 197).
             return FusionDecision.forbid(
                 f"attention with {static[0]} query rows (not a multiple of "
                 f"{ATTENTION_ROW_BLOCK}): the template's row blocks do not fit"
             )
-        return FusionDecision.allow()
+        # Q K^T then the softmax: the matmul rule's GEMM and a staged row pass after it.
     if len(contractions) > limits.max_contractions:
         names = ", ".join(n.name for n in contractions)
         return FusionDecision.forbid(
             f"{len(contractions)} matmul/conv ops ({names}) in one group; the target's "
             f"templates fuse at most {limits.max_contractions}"
         )
+    # A staged row pass after the GEMM runs the reductions and what follows them on whole
+    # rows; only the ops before them run on the output tiles.
+    staged = row_tail(graph, group) if limits.row_stage and contractions and \
+        row_stage_side(graph, group) == "epilogue" else set()
     for c in contractions:
-        d = _epilogue_maps_onto(graph, group, c)
+        d = _epilogue_maps_onto(graph, group, c, staged)
         if not d:
             return d
     for r in (n for n in nodes if n.is_reduction):
@@ -266,7 +276,7 @@ def check_templates(
             return d
     if contractions and not limits.contraction_with_reduction:
         reds = [n for n in nodes if n.is_reduction]
-        if reds and limits.row_prologue and row_prologue(graph, group):
+        if reds and limits.row_stage and row_stage_side(graph, group):
             return FusionDecision.allow()
         if reds:
             return FusionDecision.forbid(
@@ -276,14 +286,18 @@ def check_templates(
     return FusionDecision.allow()
 
 
-def row_prologue(graph: FusionGraph, group: frozenset[int]) -> bool:
-    """Whether every reduction of ``group`` lies on the A side of its one matmul (a norm
-    feeding a projection): upstream of the matmul's first input, not of any other input,
-    nothing reduced after it."""
+def row_stage_side(graph: FusionGraph, group: frozenset[int]) -> str:
+    """Whether the reductions of ``group`` form a row stage of its one matmul, and where:
+    ``"prologue"`` when all lie on the A side (upstream of its first input, none upstream of
+    another: a norm feeding a projection), ``"epilogue"`` when all are downstream of it (a
+    softmax of scores, a norm after a projection), else ``""``."""
     contractions = [graph.nodes[i] for i in group if graph.nodes[i].is_contraction]
     if len(contractions) != 1 or contractions[0].op_class is not OpClass.MATMUL:
-        return False
+        return ""
     c = contractions[0]
+    reds = [i for i in group if graph.nodes[i].is_reduction]
+    if not reds:
+        return ""
 
     def side(tids) -> set[int]:
         out: set[int] = set()
@@ -294,8 +308,20 @@ def row_prologue(graph: FusionGraph, group: frozenset[int]) -> bool:
         return out
 
     a_side, b_side = side(c.inputs[:1]), side(c.inputs[1:])
-    reds = [i for i in group if graph.nodes[i].is_reduction]
-    return bool(reds) and all(r in a_side and r not in b_side for r in reds)
+    if all(r in a_side and r not in b_side for r in reds):
+        return "prologue"
+    below = _descendants(graph, c.id, group)
+    if all(r in below for r in reds) and not (a_side | b_side) & below:
+        return "epilogue"
+    return ""
+
+
+def row_tail(graph: FusionGraph, group: frozenset[int]) -> set[int]:
+    """The members of a matmul's staged row pass after it: the reductions downstream of the
+    matmul and what follows them (the ops before them stay its tile epilogue)."""
+    c = next(n for n in group if graph.nodes[n].is_contraction)
+    reds = {n for n in _descendants(graph, c, group) if graph.nodes[n].is_reduction}
+    return reds.union(*(_descendants(graph, r, group) for r in reds))
 
 
 def _activation_matmul(graph: FusionGraph, node) -> bool:
@@ -338,7 +364,8 @@ def _descendants(graph: FusionGraph, node: int, within: frozenset[int]) -> set[i
     return reachable(graph.succs, node, within)
 
 
-def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionDecision:
+def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c,
+                        staged: set[int] = frozenset()) -> FusionDecision:
     """Ops after a matmul/conv run on its output tiles: each may read an in-group value at
     most once per element (a Concat(t, t) or a broadcast of the result would need tiles the
     kernel never computes; fuzz seeds 154 and 5096)."""
@@ -351,7 +378,7 @@ def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c) -> FusionD
             continue
         seen.add(v)
         node = graph.nodes[v]
-        if node.is_contraction:
+        if node.is_contraction or v in staged:  # staged: the row pass after the GEMM
             continue  # a chained matmul/conv (where templates allow it) has its own epilogue
         for k, tid in enumerate(node.inputs):
             if graph.tensors[tid].producer in group and node.reuse(k, graph.dims) > 1.0 + 1e-9:

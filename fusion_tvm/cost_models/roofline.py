@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 
 from ..graph import FusionGraph, PatternKind
-from ..legality import GroupKind, classify, reachable, row_prologue
+from ..legality import GroupKind, classify, reachable, row_stage_side, row_tail
 from ..tir_analysis import evaluate
 from .base import Cost, CostModel, register_cost_model
 from .hardware import DeviceKind, OpClass
@@ -162,12 +162,16 @@ def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
 
 
 def row_stage(graph: FusionGraph, group: frozenset[int]) -> set[int]:
-    """Members computed by a matmul kernel's staged row pass: everything upstream of the
-    matmul when a reduction (a norm) feeds its A operand (``legality.row_prologue``)."""
-    if not any(graph.nodes[n].is_reduction for n in group) or not row_prologue(graph, group):
+    """Members computed by a matmul kernel's staged row pass (``legality.row_stage_side``):
+    everything upstream of the matmul when a norm feeds its A operand; the reductions
+    downstream of it (a softmax, a norm) and what follows them."""
+    side = row_stage_side(graph, group)
+    if not side:
         return set()
     c = next(n for n in group if graph.nodes[n].is_contraction)
-    return reachable(graph.preds, c, group)
+    if side == "prologue":
+        return reachable(graph.preds, c, group)
+    return row_tail(graph, group)
 
 
 def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> str:
@@ -246,25 +250,34 @@ class RooflineCostModel(CostModel):
         return cost
 
     def _staged(self, graph: FusionGraph, group: frozenset[int], staged: set[int]) -> Cost:
-        """A matmul kernel whose A operand is computed by a staged row pass (a norm): the
-        row pass as the reduction rule's kernel, then the GEMM reading its output, in one
-        launch. The normalised A goes through memory (cache-resident when it fits) as it
-        would between two kernels; what fusing saves is a launch."""
+        """A matmul kernel with a staged row pass before it (a norm computing A) or after it
+        (a softmax of its output): the row pass as the reduction rule's kernel plus the
+        GEMM kernel, in one launch with the kernel's fork/joins (the backend's count). The
+        rows between them go through memory (cache-resident when they fit) as they would
+        between two kernels; what fusing saves is a launch."""
         stage = self.estimate(graph, frozenset(staged))
         gemm = self.estimate(graph, group - staged)
+        # One launch, and the fork/joins of the kernel as the rule schedules it.
+        hook = getattr(self.backend, "parallel_regions", None)
+        regions = hook(graph, group, "matmul", self.hw) if callable(hook) else None
+        if regions is None:
+            regions = (gemm.detail.get("parallel_regions", 0)
+                       + stage.detail.get("parallel_regions", 0))
+        launch_s = self.hw.launch_overhead_s + self.hw.parallel_cost(regions)
+        body = [c.time_s - c.detail.get("launch_s", 0.0) for c in (stage, gemm)]
         detail = dict(gemm.detail)
-        detail["staged_row_pass_s"] = stage.time_s - self.hw.launch_overhead_s
-        detail["parallel_regions"] = (gemm.detail.get("parallel_regions", 0)
-                                      + stage.detail.get("parallel_regions", 0))
-        internal = []  # stage outputs only the GEMM part reads: they never leave the kernel
-        for n in staged:
+        detail["staged_row_pass_s"] = body[0]
+        detail["parallel_regions"] = regions
+        detail["launch_s"] = launch_s
+        internal = []  # tensors passed between the two parts only: they never leave the kernel
+        for n in group:
             t = graph.tensors[graph.nodes[n].outputs[0]]
-            if not t.escapes and all(c in group for c in t.consumers) and any(
-                    c not in staged for c in t.consumers):
+            if not t.escapes and t.consumers and all(c in group for c in t.consumers) and any(
+                    (c in staged) != (n in staged) for c in t.consumers):
                 internal.append(graph.nodes[n].outputs[0])
         a_bytes = sum(graph.nbytes(t) for t in internal)
         return Cost(
-            time_s=stage.time_s + gemm.time_s - self.hw.launch_overhead_s,
+            time_s=sum(body) + launch_s,
             dram_bytes=max(0.0, stage.dram_bytes + gemm.dram_bytes - 2 * a_bytes),
             onchip_bytes=stage.onchip_bytes + gemm.onchip_bytes + a_bytes,
             flops=stage.flops + gemm.flops,

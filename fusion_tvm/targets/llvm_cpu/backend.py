@@ -51,9 +51,9 @@ class LLVMCPUBackend(Backend):
 
     @property
     def template_limits(self) -> TemplateLimits:
-        """One contraction per group (with a norm feeding its A operand as a staged row
-        pass, ``matmul.py``), or an attention chain (see ``attention.py``)."""
-        return TemplateLimits(row_prologue=True, attention=True)
+        """One contraction per group (with a norm or softmax before or after it as a staged
+        row pass, ``matmul.py``), or an attention chain (see ``attention.py``)."""
+        return TemplateLimits(row_stage=True, attention=True)
 
     @property
     def rule_efficiency(self) -> dict[str, float]:

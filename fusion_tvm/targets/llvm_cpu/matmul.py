@@ -146,10 +146,12 @@ def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
     if get_index_map(stmt) is None:
         return None
     if len(reductions) > 1:
-        stage = _row_stage(sch, main)
-        staged = {sch.get(b) for b in stage or ()}
-        if not stage or any(sch.get(r) not in staged for r in reductions if r != main):
-            return None
+        others = [sch.get(r) for r in reductions if r != main]
+        for stage in (_row_stage(sch, main), _row_tail(sch, main)):
+            staged = {sch.get(b) for b in stage or ()}
+            if stage and all(r in staged for r in others):
+                return main
+        return None
     return main
 
 
@@ -185,6 +187,44 @@ def _row_stage(sch: s_tir.Schedule, main: SBlockRV) -> list[SBlockRV] | None:
     if len(stage) != len(seen) or all(is_spatial(sch, b) for b in stage):
         return None
     return stage
+
+
+def _downstream(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> set:
+    """Statements of every block consuming ``blocks``' outputs, transitively."""
+    seen = set()
+    pending = list(blocks)
+    while pending:
+        for consumer in sch.get_consumers(pending.pop()):
+            if sch.get(consumer) not in seen:
+                seen.add(sch.get(consumer))
+                pending.append(consumer)
+    return seen
+
+
+def _row_tail(sch: s_tir.Schedule, main: SBlockRV) -> list[SBlockRV] | None:
+    """The reductions downstream of the GEMM and what follows them (root blocks in dataflow
+    order): a softmax of the scores, a norm of the projection. The spatial blocks before
+    them (a scale) stay the GEMM's tile epilogue. None without such a reduction."""
+    below = [b for b in root_blocks(sch) if sch.get(b) in _downstream(sch, [main])]
+    reductions = [b for b in below if not is_spatial(sch, b)]
+    if not reductions:
+        return None
+    tail = {sch.get(b) for b in reductions} | _downstream(sch, reductions)
+    return [b for b in below if sch.get(b) in tail]
+
+
+def _stage_tail(sch: s_tir.Schedule, names: set[str], hw: HardwareSpec) -> bool:
+    """Schedule the blocks called ``names`` (still at the root, after the GEMM) as the
+    reduction rule's row loop: a softmax of the GEMM's rows read back from cache."""
+    gemm = {sch.get(b).name_hint for b in root_blocks(sch)} - names
+    blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint in names]
+    if not blocks:
+        return False
+    extents = [static_extent(sch, lp) for lp in sch.get_loops(blocks[-1])]
+    work = None if None in extents else 8.0 * math.prod(extents)
+    return schedule_row_chain(
+        sch, blocks, hw, work,
+        lambda: [b for b in root_blocks(sch) if sch.get(b).name_hint not in gemm])
 
 
 def _stage_rows(sch: s_tir.Schedule, main: SBlockRV, hw: HardwareSpec) -> bool | None:
@@ -407,6 +447,7 @@ class _Normalised:
     inner_i: object
     inner_j: object
     tiles: MatmulTiles
+    tail: set  # names of the blocks of a row pass after the GEMM (a softmax of its rows)
 
 
 def _normalise(func: tirx.PrimFunc, hw: HardwareSpec) -> _Normalised | s_tir.Schedule | None:
@@ -419,6 +460,8 @@ def _normalise(func: tirx.PrimFunc, hw: HardwareSpec) -> _Normalised | s_tir.Sch
     staged = _stage_rows(sch, main, hw)
     if staged is False:
         return None
+    tail = _row_tail(sch, main) if not staged else None
+    tail_names = {sch.get(b).name_hint for b in tail or ()}
     # Producers of A stay materialised: inlining them would recompute them N times.
     a_buffer = sch.get(main).reads[0].source
     prologue = [] if staged else [
@@ -446,7 +489,7 @@ def _normalise(func: tirx.PrimFunc, hw: HardwareSpec) -> _Normalised | s_tir.Sch
         hw, bits, static_extent(sch, i), static_extent(sch, j), b_contiguous, b_constant
     )
     return _Normalised(sch, main, reindex_c, main_stmt, prologue, b_contiguous, b_constant, bits,
-                       inner_i, inner_j, tiles)
+                       inner_i, inner_j, tiles, tail_names)
 
 
 class Matmul(ScheduleRule):
@@ -609,7 +652,8 @@ class Matmul(ScheduleRule):
         placed: list = []
         while frontier:
             block = frontier.pop(0)
-            if any(sch.get(block).same_as(p) for p in placed):
+            if any(sch.get(block).same_as(p) for p in placed) or \
+                    sch.get(block).name_hint in norm.tail:
                 continue
             placed.append(sch.get(block))
             try:
@@ -623,7 +667,7 @@ class Matmul(ScheduleRule):
                     raise ScheduleError("the block's region per tile is over-approximated")
                 sch = placed_sch
             except ScheduleError:
-                _schedule_at_root(sch, block, hw, placed)
+                _schedule_at_root(sch, block, hw, placed, norm.tail)
                 continue
             placed[-1] = sch.get(block)
             if vector_friendly(sch, block, tiled=True):
@@ -634,6 +678,8 @@ class Matmul(ScheduleRule):
         sch.unroll(ii)
         sch.vectorize(ji)
         sch.decompose_reduction(main, k)
+        if norm.tail and not _stage_tail(sch, norm.tail, hw):
+            return None
 
         # Step 6. Prologue blocks left at the root (e.g. a costly op feeding A).
         for block in prologue:
@@ -643,14 +689,17 @@ class Matmul(ScheduleRule):
 
 
 def _schedule_at_root(
-    sch: s_tir.Schedule, block: SBlockRV, hw: HardwareSpec, done: list
+    sch: s_tir.Schedule, block: SBlockRV, hw: HardwareSpec, done: list, skip: set = frozenset()
 ) -> None:
-    """Schedule ``block`` and, transitively, its consumers as root-level loop nests."""
+    """Schedule ``block`` and, transitively, its consumers as root-level loop nests (not
+    the blocks named in ``skip``: the row pass after the GEMM)."""
     pending = [block]
     while pending:
         block = pending.pop(0)
         parallel_vectorize(sch, block, hw)
         for consumer in sch.get_consumers(block):
+            if sch.get(consumer).name_hint in skip:
+                continue
             if not any(sch.get(consumer).same_as(d) for d in done):
                 done.append(sch.get(consumer))
                 pending.append(consumer)

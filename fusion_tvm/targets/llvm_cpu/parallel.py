@@ -448,8 +448,9 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
                              not transposed, b_constant)
         mr, nr = tiles.mr, tiles.nr
         count = 0
-        if roofline.row_stage(graph, group):  # a norm feeding A: the staged row pass
-            a = _dims(graph, node.inputs[0])
+        if roofline.row_stage(graph, group):  # a norm computing A / a softmax of C
+            side = roofline.row_stage_side(graph, group)
+            a = _dims(graph, node.inputs[0] if side == "prologue" else node.outputs[0])
             elements = float(math.prod(a))
             count += row_kernel_pays(hw, 8.0 * elements, 8.0 * elements,
                                      int(elements / max(a[-1], 1.0)) if a else None)

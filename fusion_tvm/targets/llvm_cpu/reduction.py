@@ -221,6 +221,16 @@ def _vectorize_lanes(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | N
         sch.vectorize(loops[0])
 
 
+def _reads_along_reduction(stmt: tirx.stmt.SBlock) -> bool:
+    """Whether every buffer the block reads is indexed by its reduction axes (a GEMM's two
+    operands, not a variance reading rows and their mean)."""
+    reduce_vars = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    return all(
+        any(v in reduce_vars for rng in r.region for v in tirx.analysis.undefined_vars(rng.min))
+        for r in stmt.reads
+    )
+
+
 class Reduction(ScheduleRule):
     """One parallel loop over rows; the fused chain of each row computed inside it."""
 
@@ -241,6 +251,10 @@ class Reduction(ScheduleRule):
         window = _schedule_window(sch, blocks, hw)
         if window is not None:
             return window
+        if sum(1 for b in blocks if not is_spatial(sch, b)) > 1 and any(
+                len({r.source for r in sch.get(b).reads}) > 1 and not is_spatial(sch, b)
+                and _reads_along_reduction(sch.get(b)) for b in blocks):
+            return None  # a GEMM with a row chain: row by row it would re-read B per row
         flops = static_flops(func)  # all the kernel's arithmetic (a softmax's exp too)
         work = None if flops is None else max(1.0, sum(flops.values()))
         return sch if schedule_row_chain(sch, blocks, hw, work) else None
@@ -287,9 +301,11 @@ def schedule_row_chain(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: Hardware
         consumers = list(sch.get_consumers(block))
         copy = sch.cache_write(block, 0, "global", consumer_blocks=consumers)
         sch.compute_inline(block)
-        if sch.get_producers(copy):
+        members = [sch.get(b) for b in chain()]
+        if any(sch.get(p) in members for p in sch.get_producers(copy)):
             # It reads a row statistic (centred rows published next to their norm):
-            # no order of compute_at / reverse_compute_at places it; decline.
+            # no order of compute_at / reverse_compute_at places it; decline. (A producer
+            # before the chain, the GEMM of a matmul's row pass, is complete already.)
             return False
         copies.append(copy)
     copy_stmts = [sch.get(c) for c in copies]
