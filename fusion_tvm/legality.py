@@ -101,6 +101,9 @@ class FusionKinds:
     attention : bool
         Compute chains: ``matmul -> row reductions -> matmul`` (attention) as one kernel,
         where the backend has a template for it (``TemplateLimits.attention``).
+    row_stages : bool
+        A norm / softmax before or after a matmul run as a staged row pass in the matmul's
+        kernel (``TemplateLimits.row_stage``; needs ``reduction_chains`` too).
     """
 
     reduction_chains: bool = True
@@ -109,6 +112,7 @@ class FusionKinds:
     weight_folding: bool = True
     siblings: bool = True
     attention: bool = True
+    row_stages: bool = True
 
 
 def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -> FusionDecision:
@@ -125,6 +129,8 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
         if row_stage_side(graph, group):
             return FusionDecision.forbid(
                 "reduction chains are switched off: no row pass staged with a matmul")
+    if not kinds.row_stages and row_stage_side(graph, group):
+        return FusionDecision.forbid("row stages in a matmul's kernel are switched off")
     if not kinds.attention and attention_chain(graph, group):
         return FusionDecision.forbid("compute chains (attention) are switched off")
     if not kinds.multi_output:

@@ -70,6 +70,7 @@ KINDS = {
     "siblings": (lambda: _siblings(bias_first=True), 1, 3),
     "attention": (lambda: CASES["attention"](True), 1, 3),
     "prologue": (_prologue, 1, 2),
+    "row_stages": (lambda: _norm_projection(64, decomposed=False, residual=False), 1, 2),
 }
 
 
