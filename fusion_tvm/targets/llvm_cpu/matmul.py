@@ -11,7 +11,11 @@ Schedule (a GotoBLAS-style register kernel expressed in TIR):
 * each parallel task owns an ``mr x nr`` tile of C held in registers (``cache_write`` to
   ``local``, ``mr`` rows unrolled, ``nr`` columns vectorised) over the whole K loop;
 * the epilogue (bias, activation, residual...) runs on the tile right after it is finished,
-  while it is still in registers / L1: no intermediate C ever reaches memory.
+  while it is still in registers / L1: no intermediate C ever reaches memory;
+* row stages: a norm computing A (layer norm / RMSNorm before a projection) runs as the
+  reduction rule's parallel row loop before the GEMM, and reductions of C (a softmax of
+  scores, a norm after a projection) with what follows them as one after it, in the same
+  kernel; the rows between the two go through cache.
 
 Tile sizes come from the :class:`HardwareSpec`: ``nr`` is two SIMD vectors, ``mr`` makes the
 ``mr * nr / lanes`` accumulators fill half of the vector register file (the rest holds the B
