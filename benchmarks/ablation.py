@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,6 +31,7 @@ import numpy as np  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
 import fusion_tvm  # noqa: E402
+from benchmarks.run import runs_per_sample, time_interleaved  # noqa: E402
 from benchmarks.zoo import example_inputs, get_model  # noqa: E402
 from benchmarks.zoo.builder import GraphBuilder  # noqa: E402
 from fusion_tvm.legality import FusionKinds  # noqa: E402
@@ -107,29 +107,16 @@ def inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
 
 def measure(built: dict, feeds: dict, repeat: int, pause: float) -> dict[str, list[float]]:
     """Per variant, ``repeat`` samples: each the mean of back-to-back runs lasting >= 5 ms
-    after one warm-up run. The variants take turns in an order rotated every round, with a
-    pause between turns: a fixed order measured the variant after FuseOps's 2.8 ms TVM
-    #20342 kernel 1.3x slower than the same code elsewhere in the order (the previous
-    turn's worker threads still spinning)."""
-    labels = list(built)
-    once = {}
-    for label, cm in built.items():
-        cm.run(feeds)
-        t0 = time.perf_counter()
-        cm.run(feeds)
-        once[label] = time.perf_counter() - t0
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    for r in range(repeat):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            cm = built[label]
-            runs = max(1, min(50, int(0.005 / max(once[label], 1e-6))))
-            time.sleep(pause)
-            cm.run(feeds)
-            t0 = time.perf_counter()
-            for _ in range(runs):
-                cm.run(feeds)
-            times[label].append((time.perf_counter() - t0) / runs)
-    return times
+    after one warm-up run (``run.time_interleaved``, one sample a turn). The variants take
+    turns in an order rotated every round, with a pause between turns: a fixed order
+    measured the variant after FuseOps's 2.8 ms TVM #20342 kernel 1.3x slower than the same
+    code elsewhere in the order (the previous turn's worker threads still spinning)."""
+    runs = {label: (lambda cm=cm: cm.run(feeds)) for label, cm in built.items()}
+    inner = {}
+    for label, run in runs.items():
+        run()
+        inner[label] = runs_per_sample(run)
+    return time_interleaved(runs, inner, repeat, block=1, settle_s=pause, warm_turn=True)
 
 
 def load(name: str, small: bool = False):

@@ -316,6 +316,50 @@ def errors(outs, ref) -> tuple[float, float]:
     return abs_err, rel_err
 
 
+def runs_per_sample(run: Callable[[], object]) -> int:
+    """Back-to-back runs per sample, so that a sample lasts >= SAMPLE_S: a model of a few
+    microseconds is timed warm, not after each settle pause (cold caches, sleeping worker
+    threads, a core clocked down). Times one call of ``run``."""
+    t0 = time.perf_counter()
+    run()
+    return max(1, min(MAX_INNER, math.ceil(SAMPLE_S / max(time.perf_counter() - t0, 1e-7))))
+
+
+def time_interleaved(runs: dict[str, Callable[[], object]], inner: dict[str, int], repeat: int,
+                     block: int = BLOCK, settle_s: float = SETTLE_S, budget_s: float = math.inf,
+                     min_repeat: int = 0, warm_turn: bool = False) -> dict[str, list[float]]:
+    """Samples of each of ``runs`` (seconds a call: the mean of ``inner[name]`` calls),
+    ``repeat`` each unless ``budget_s`` runs out after ``min_repeat``.
+
+    Round robin with a rotating order, ``block`` samples a turn (after one untimed call with
+    ``warm_turn``). Between turns the previous contender's thread pool must go idle: TVM's
+    workers spin-wait for a while after a run, and onnxruntime timed 50 ms after a TVM run
+    took 65 ms instead of 19 (ResNet-18, 2 threads); after 0.5 s it is back to 19.
+    """
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    start = time.perf_counter()
+    taken = r = 0
+    while taken < repeat:
+        if taken >= min_repeat and time.perf_counter() - start > budget_s:
+            break
+        n = min(block, repeat - taken)
+        k = r % max(len(names), 1)
+        for name in names[k:] + names[:k]:
+            time.sleep(settle_s)
+            run, inner_k = runs[name], inner[name]
+            if warm_turn:
+                run()
+            for _ in range(n):
+                t0 = time.perf_counter()
+                for _ in range(inner_k):
+                    run()
+                times[name].append((time.perf_counter() - t0) / inner_k)
+        taken += n
+        r += 1
+    return times
+
+
 def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dict:
     results: dict[str, Result] = {}
     prepared: dict[str, Prepared] = {}
@@ -354,13 +398,7 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
                 continue
             for _ in range(args.warmup - 1):
                 p.run(feeds)
-            # Back-to-back runs per sample, so that a sample lasts >= SAMPLE_S: a model of a
-            # few microseconds is timed warm, not after each settle pause (cold caches,
-            # sleeping worker threads, a core clocked down).
-            t0 = time.perf_counter()
-            p.run(feeds)
-            inner[name] = max(1, min(MAX_INNER, math.ceil(SAMPLE_S / max(
-                time.perf_counter() - t0, 1e-7))))
+            inner[name] = runs_per_sample(lambda p=p: p.run(feeds))
         except Exception as e:
             results[name].status = "failed"
             results[name].note = "run: " + short(e, 300)
@@ -377,31 +415,15 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
             res.note = (f"max rel err {res.max_rel_err:.2e} vs {ref_name} > {args.rtol:g}; "
                         + res.note).rstrip("; ")
 
-    # Timed runs: round robin over the contenders with a rotating order, BLOCK samples a
-    # turn. Between turns the previous contender's thread pool must go idle: TVM's workers
-    # spin-wait for a while after a run, and onnxruntime timed 50 ms after a TVM run took
-    # 65 ms instead of 19 (ResNet-18, 2 threads); after 0.5 s it is back to 19.
-    names = list(prepared)
-    progress(f"{label}: timing {', '.join(names)} x {args.repeat}")
-    start = time.perf_counter()
-    taken = 0
-    r = 0
-    while taken < args.repeat:
-        if taken >= args.min_repeat and time.perf_counter() - start > args.budget_s:
-            progress(f"{label}: time budget {args.budget_s:g} s reached after {taken} samples")
-            break
-        n = min(BLOCK, args.repeat - taken)
-        k = r % max(len(names), 1)
-        for name in names[k:] + names[:k]:
-            time.sleep(SETTLE_S)
-            run, inner_k = prepared[name].run, inner[name]
-            for _ in range(n):
-                t0 = time.perf_counter()
-                for _ in range(inner_k):
-                    run(feeds)
-                results[name].times_s.append((time.perf_counter() - t0) / inner_k)
-        taken += n
-        r += 1
+    progress(f"{label}: timing {', '.join(prepared)} x {args.repeat}")
+    times = time_interleaved({name: (lambda p=p: p.run(feeds)) for name, p in prepared.items()},
+                             inner, args.repeat, budget_s=args.budget_s,
+                             min_repeat=args.min_repeat)
+    for name, samples in times.items():
+        results[name].times_s.extend(samples)
+    taken = min((len(t) for t in times.values()), default=args.repeat)
+    if taken < args.repeat:
+        progress(f"{label}: time budget {args.budget_s:g} s reached after {taken} samples")
 
     row = {"model": label, "reference": ref_name, "runs_per_sample": inner,
            "coverage": coverage,

@@ -126,11 +126,10 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
                 return FusionDecision.forbid(
                     f"reduction chains are switched off and {n.name} feeds the group"
                 )
-        if row_stage_side(graph, group):
-            return FusionDecision.forbid(
-                "reduction chains are switched off: no row pass staged with a matmul")
-    if not kinds.row_stages and row_stage_side(graph, group):
-        return FusionDecision.forbid("row stages in a matmul's kernel are switched off")
+    if not (kinds.reduction_chains and kinds.row_stages) and row_stage(graph, group)[0]:
+        what = "row stages in a matmul's kernel" if kinds.reduction_chains else \
+            "reduction chains (a row pass staged with a matmul)"
+        return FusionDecision.forbid(f"{what} are switched off")
     if not kinds.attention and attention_chain(graph, group):
         return FusionDecision.forbid("compute chains (attention) are switched off")
     if not kinds.multi_output:
@@ -249,13 +248,14 @@ def check_templates(
         return FusionDecision.forbid(f"group of {len(group)} ops exceeds {limits.max_nodes}")
     nodes = [graph.nodes[i] for i in group]
     contractions = [n for n in nodes if n.is_contraction]
+    side, staged = row_stage(graph, group) if limits.row_stage else ("", set())
     if limits.attention and len(contractions) <= 2 and any(n.is_reduction for n in nodes) \
             and attention_chain(graph, group):
         rows = graph.tensors[contractions[0].outputs[0]].shape[-2:-1]
         static = [int(r) for r in rows if isinstance(r, int) or hasattr(r, "value")]
         if not static or static[0] % ATTENTION_ROW_BLOCK == 0:
             return FusionDecision.allow()
-        if not (limits.row_stage and row_stage_side(graph, group)):
+        if not side:
             # One query row at a time measured 2x slower than three kernels (ViT, S = 197).
             return FusionDecision.forbid(
                 f"attention with {static[0]} query rows (not a multiple of "
@@ -270,10 +270,8 @@ def check_templates(
         )
     # A staged row pass after the GEMM runs the reductions and what follows them on whole
     # rows; only the ops before them run on the output tiles.
-    staged = row_tail(graph, group) if limits.row_stage and contractions and \
-        row_stage_side(graph, group) == "epilogue" else set()
     for c in contractions:
-        d = _epilogue_maps_onto(graph, group, c, staged)
+        d = _epilogue_maps_onto(graph, group, c, staged if side == "epilogue" else set())
         if not d:
             return d
     for r in (n for n in nodes if n.is_reduction):
@@ -282,7 +280,7 @@ def check_templates(
             return d
     if contractions and not limits.contraction_with_reduction:
         reds = [n for n in nodes if n.is_reduction]
-        if reds and limits.row_stage and row_stage_side(graph, group):
+        if reds and side:
             return FusionDecision.allow()
         if reds:
             return FusionDecision.forbid(
@@ -292,18 +290,21 @@ def check_templates(
     return FusionDecision.allow()
 
 
-def row_stage_side(graph: FusionGraph, group: frozenset[int]) -> str:
-    """Whether the reductions of ``group`` form a row stage of its one matmul, and where:
-    ``"prologue"`` when all lie on the A side (upstream of its first input, none upstream of
-    another: a norm feeding a projection), ``"epilogue"`` when all are downstream of it (a
-    softmax of scores, a norm after a projection), else ``""``."""
+def row_stage(graph: FusionGraph, group: frozenset[int]) -> tuple[str, set[int]]:
+    """Whether the reductions of ``group`` form a row stage of its one matmul: where, and the
+    members the staged row pass computes.
+
+    ``("prologue", ancestors of the matmul)`` when every reduction lies on the A side
+    (upstream of its first input, none upstream of another: a norm feeding a projection);
+    ``("epilogue", the reductions below it and what follows them)`` when every reduction is
+    downstream of it (a softmax of scores, a norm after a projection; the ops before them
+    stay its tile epilogue); else ``("", set())``.
+    """
     contractions = [graph.nodes[i] for i in group if graph.nodes[i].is_contraction]
-    if len(contractions) != 1 or contractions[0].op_class is not OpClass.MATMUL:
-        return ""
-    c = contractions[0]
     reds = [i for i in group if graph.nodes[i].is_reduction]
-    if not reds:
-        return ""
+    if len(contractions) != 1 or contractions[0].op_class is not OpClass.MATMUL or not reds:
+        return "", set()
+    c = contractions[0]
 
     def side(tids) -> set[int]:
         out: set[int] = set()
@@ -315,19 +316,11 @@ def row_stage_side(graph: FusionGraph, group: frozenset[int]) -> str:
 
     a_side, b_side = side(c.inputs[:1]), side(c.inputs[1:])
     if all(r in a_side and r not in b_side for r in reds):
-        return "prologue"
+        return "prologue", _ancestors(graph, c.id, group)
     below = _descendants(graph, c.id, group)
-    if all(r in below for r in reds) and not (a_side | b_side) & below:
-        return "epilogue"
-    return ""
-
-
-def row_tail(graph: FusionGraph, group: frozenset[int]) -> set[int]:
-    """The members of a matmul's staged row pass after it: the reductions downstream of the
-    matmul and what follows them (the ops before them stay its tile epilogue)."""
-    c = next(n for n in group if graph.nodes[n].is_contraction)
-    reds = {n for n in _descendants(graph, c, group) if graph.nodes[n].is_reduction}
-    return reds.union(*(_descendants(graph, r, group) for r in reds))
+    if all(r in below for r in reds):
+        return "epilogue", set(reds).union(*(_descendants(graph, r, group) for r in reds))
+    return "", set()
 
 
 def _activation_matmul(graph: FusionGraph, node) -> bool:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 
 from ..graph import FusionGraph, PatternKind
-from ..legality import GroupKind, classify, reachable, row_stage_side, row_tail
+from ..legality import GroupKind, classify, row_stage
 from ..tir_analysis import evaluate
 from .base import Cost, CostModel, register_cost_model
 from .hardware import DeviceKind, OpClass
@@ -161,19 +161,6 @@ def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
     return min(reuse, 1.0) if size < out else reuse
 
 
-def row_stage(graph: FusionGraph, group: frozenset[int]) -> set[int]:
-    """Members computed by a matmul kernel's staged row pass (``legality.row_stage_side``):
-    everything upstream of the matmul when a norm feeds its A operand; the reductions
-    downstream of it (a softmax, a norm) and what follows them."""
-    side = row_stage_side(graph, group)
-    if not side:
-        return set()
-    c = next(n for n in group if graph.nodes[n].is_contraction)
-    if side == "prologue":
-        return reachable(graph.preds, c, group)
-    return row_tail(graph, group)
-
-
 def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> str:
     """The schedule rule expected to handle ``group`` (backend's answer when it has one)."""
     if backend is not None and hasattr(backend, "rule_for_group"):
@@ -282,7 +269,7 @@ class RooflineCostModel(CostModel):
             onchip_bytes=stage.onchip_bytes + gemm.onchip_bytes + a_bytes,
             flops=stage.flops + gemm.flops,
             feasible=True,
-            reason=f"{gemm.reason}, a staged row pass before it",
+            reason=f"{gemm.reason}, with a staged row pass",
             detail=detail,
         )
 
@@ -300,7 +287,7 @@ class RooflineCostModel(CostModel):
         # The reduction rule runs the chain row by row: a producer of a reduction stays a
         # block whose row is kept in cache (not inlined, runs once), and a per-row value
         # read by an in-row broadcast is loop-invariant in the column loop (hoisted).
-        staged = row_stage(graph, group) if rule == "matmul" else set()
+        staged = row_stage(graph, group)[1] if rule == "matmul" else set()
         if staged:
             return self._staged(graph, group, staged)
         rowwise = rule == "reduction"

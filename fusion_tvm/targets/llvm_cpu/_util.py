@@ -65,6 +65,16 @@ def constant_param(func: tirx.PrimFunc, buf) -> bool:
     return any(func.params[int(i)].same_as(buf) for i in constant)
 
 
+def reads_along_reduction(stmt: tirx.stmt.SBlock) -> bool:
+    """Whether every buffer the block reads is indexed by its reduction axes (a GEMM's
+    operands, not a variance reading the rows and their mean)."""
+    reduce_vars = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    return all(
+        any(v in reduce_vars for rng in r.region for v in tirx.analysis.undefined_vars(rng.min))
+        for r in stmt.reads
+    )
+
+
 def dtype_bits(sch: s_tir.Schedule, block: SBlockRV) -> int:
     """Bit width of what ``block`` writes (32 if it writes nothing)."""
     writes = sch.get(block).writes

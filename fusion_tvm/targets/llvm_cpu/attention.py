@@ -244,11 +244,10 @@ class Attention(ScheduleRule):
             return None
         if any(constant_param(func, r.source) for c in contractions for r in sch.get(c).reads):
             return None  # a weight matmul after a norm: the matmul rule stages the norm
-        if len(contractions) == 1:
-            rows = static_extent(sch, sch.get_loops(contractions[0])[-3]) \
-                if len(sch.get_loops(contractions[0])) >= 3 else None
-            if rows is not None and rows % ROW_TILE:
-                return None  # Q K^T + softmax with ragged rows: the matmul rule's row pass
+        loops = sch.get_loops(contractions[0])
+        if len(contractions) == 1 and len(loops) >= 3 and (static_extent(sch, loops[-3]) or 0) \
+                % ROW_TILE:
+            return None  # Q K^T + softmax with ragged rows: the matmul rule's row pass
         if len(contractions) + len(row_reductions) != sum(
             1 for b in blocks if is_reduction(sch, b)
         ):

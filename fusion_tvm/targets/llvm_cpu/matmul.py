@@ -48,11 +48,12 @@ from ._util import (
     lanes,
     parallel_vectorize,
     pick_vector_width,
+    reads_along_reduction,
     root_blocks,
     static_extent,
     vector_friendly,
 )
-from .parallel import gemv_panel, gemv_pays, matmul_tile_pays, pack_pays
+from .parallel import ROW_PASS_OPS, gemv_panel, gemv_pays, matmul_tile_pays, pack_pays
 from .reduction import schedule_row_chain
 
 #: Row tiles that must share each packed B panel for packing a row-major B to pay off.
@@ -134,9 +135,9 @@ def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
     reductions = [b for b in blocks if not is_spatial(sch, b)]
     if not reductions or not all(is_reduction(sch, b) for b in reductions):
         return None
-    candidates = [b for b in reductions if _two_operands(sch.get(b))]
-    if len(reductions) == 1:
-        candidates = reductions
+    candidates = reductions if len(reductions) == 1 else [
+        b for b in reductions
+        if len({r.source for r in sch.get(b).reads}) == 2 and reads_along_reduction(sch.get(b))]
     if len(candidates) != 1:
         return None
     main = candidates[0]
@@ -159,16 +160,17 @@ def _main_block(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> SBlockRV | None:
     return main
 
 
-def _two_operands(stmt: tirx.stmt.SBlock) -> bool:
-    """Whether the block reads two buffers, both along its reduction axes (a GEMM, not a
-    variance reading the rows and their mean)."""
-    reduce_vars = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-    if len({r.source for r in stmt.reads}) != 2:
-        return False
-    return all(
-        any(v in reduce_vars for rng in r.region for v in tirx.analysis.undefined_vars(rng.min))
-        for r in stmt.reads
-    )
+def _reached(sch: s_tir.Schedule, starts: list[SBlockRV], step) -> set:
+    """Statements of the blocks reached from ``starts`` by repeated ``step``
+    (``sch.get_producers`` or ``sch.get_consumers``), ``starts`` excluded."""
+    seen = set()
+    pending = list(starts)
+    while pending:
+        for block in step(pending.pop()):
+            if sch.get(block) not in seen:
+                seen.add(sch.get(block))
+                pending.append(block)
+    return seen
 
 
 def _row_stage(sch: s_tir.Schedule, main: SBlockRV) -> list[SBlockRV] | None:
@@ -180,55 +182,41 @@ def _row_stage(sch: s_tir.Schedule, main: SBlockRV) -> list[SBlockRV] | None:
                if any(w.source.same_as(a_source) for w in sch.get(p).writes)]
     if len(feeding) != 1:
         return None
-    seen = {sch.get(feeding[0])}
-    pending = [feeding[0]]
-    while pending:
-        for producer in sch.get_producers(pending.pop()):
-            if sch.get(producer) not in seen:
-                seen.add(sch.get(producer))
-                pending.append(producer)
+    seen = {sch.get(feeding[0])} | _reached(sch, feeding, sch.get_producers)
     stage = [b for b in root_blocks(sch) if sch.get(b) in seen]
     if len(stage) != len(seen) or all(is_spatial(sch, b) for b in stage):
         return None
     return stage
 
 
-def _downstream(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> set:
-    """Statements of every block consuming ``blocks``' outputs, transitively."""
-    seen = set()
-    pending = list(blocks)
-    while pending:
-        for consumer in sch.get_consumers(pending.pop()):
-            if sch.get(consumer) not in seen:
-                seen.add(sch.get(consumer))
-                pending.append(consumer)
-    return seen
-
-
 def _row_tail(sch: s_tir.Schedule, main: SBlockRV) -> list[SBlockRV] | None:
     """The reductions downstream of the GEMM and what follows them (root blocks in dataflow
     order): a softmax of the scores, a norm of the projection. The spatial blocks before
     them (a scale) stay the GEMM's tile epilogue. None without such a reduction."""
-    below = [b for b in root_blocks(sch) if sch.get(b) in _downstream(sch, [main])]
+    below = [b for b in root_blocks(sch) if sch.get(b) in _reached(sch, [main],
+                                                                    sch.get_consumers)]
     reductions = [b for b in below if not is_spatial(sch, b)]
     if not reductions:
         return None
-    tail = {sch.get(b) for b in reductions} | _downstream(sch, reductions)
+    tail = {sch.get(b) for b in reductions} | _reached(sch, reductions, sch.get_consumers)
     return [b for b in below if sch.get(b) in tail]
 
 
+def _row_pass(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSpec, chain) -> bool:
+    """Schedule ``blocks`` as the reduction rule's row loop (``chain()``: its blocks after
+    an rfactor), its parallel decision on :data:`ROW_PASS_OPS` per element of the last."""
+    extents = [static_extent(sch, lp) for lp in sch.get_loops(blocks[-1])]
+    work = None if None in extents else ROW_PASS_OPS * math.prod(extents)
+    return schedule_row_chain(sch, blocks, hw, work, chain)
+
+
 def _stage_tail(sch: s_tir.Schedule, names: set[str], hw: HardwareSpec) -> bool:
-    """Schedule the blocks called ``names`` (still at the root, after the GEMM) as the
-    reduction rule's row loop: a softmax of the GEMM's rows read back from cache."""
+    """Schedule the blocks called ``names`` (still at the root, after the GEMM) as a row
+    pass: a softmax of the GEMM's rows read back from cache."""
     gemm = {sch.get(b).name_hint for b in root_blocks(sch)} - names
     blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint in names]
-    if not blocks:
-        return False
-    extents = [static_extent(sch, lp) for lp in sch.get_loops(blocks[-1])]
-    work = None if None in extents else 8.0 * math.prod(extents)
-    return schedule_row_chain(
-        sch, blocks, hw, work,
-        lambda: [b for b in root_blocks(sch) if sch.get(b).name_hint not in gemm])
+    return bool(blocks) and _row_pass(
+        sch, blocks, hw, lambda: [b for b in root_blocks(sch) if sch.get(b).name_hint not in gemm])
 
 
 def _stage_rows(sch: s_tir.Schedule, main: SBlockRV, hw: HardwareSpec) -> bool | None:
@@ -241,8 +229,6 @@ def _stage_rows(sch: s_tir.Schedule, main: SBlockRV, hw: HardwareSpec) -> bool |
     if stage is None:
         return None
     anchor = sch.get(stage[-1])
-    extents = [static_extent(sch, lp) for lp in sch.get_loops(stage[-1])]
-    work = None if None in extents else 8.0 * math.prod(extents)
 
     def chain() -> list[SBlockRV]:
         blocks = _row_stage(sch, main) or []
@@ -250,7 +236,7 @@ def _stage_rows(sch: s_tir.Schedule, main: SBlockRV, hw: HardwareSpec) -> bool |
         return [*(b for b in blocks if not sch.get(b).same_as(anchor)),
                 *(b for b in blocks if sch.get(b).same_as(anchor))]
 
-    return schedule_row_chain(sch, stage, hw, work, chain)
+    return _row_pass(sch, stage, hw, chain)
 
 
 def _b_j_contiguous(block: tirx.stmt.SBlock) -> bool:

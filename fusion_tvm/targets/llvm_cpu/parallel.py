@@ -149,6 +149,12 @@ def reduction_pays(hw: HardwareSpec, elements: float | None, rows: int | None,
     return parallel_pays(hw, work, rows)
 
 
+#: Operations per element assumed for a matmul kernel's staged row pass (a norm: centre,
+#: square, scale, shift; a softmax: subtract, exp, divide) in its parallel decision; the
+#: matmul rule and the cost model's region count use the same figure.
+ROW_PASS_OPS = 8.0
+
+
 def row_kernel_pays(hw: HardwareSpec, flops: float | None, nbytes: float,
                     rows: int | None) -> bool:
     """Whether the rows of a row-wise (reduction rule) kernel run in parallel: all its
@@ -390,7 +396,7 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
     rules always parallelise their output rows).
     """
     from ...cost_models import roofline
-    from ...legality import attention_chain
+    from ...legality import attention_chain, row_stage
     from ...ops import PatternKind
     from .matmul import derive_tiles
 
@@ -448,11 +454,11 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
                              not transposed, b_constant)
         mr, nr = tiles.mr, tiles.nr
         count = 0
-        if roofline.row_stage(graph, group):  # a norm computing A / a softmax of C
-            side = roofline.row_stage_side(graph, group)
+        side = row_stage(graph, group)[0]
+        if side:  # a norm computing A / a softmax of C: the rule's row pass
             a = _dims(graph, node.inputs[0] if side == "prologue" else node.outputs[0])
             elements = float(math.prod(a))
-            count += row_kernel_pays(hw, 8.0 * elements, 8.0 * elements,
+            count += row_kernel_pays(hw, ROW_PASS_OPS * elements, ROW_PASS_OPS * elements,
                                      int(elements / max(a[-1], 1.0)) if a else None)
         if tiles.pack_b and not b_constant:
             panels = batch * math.ceil(n_ / nr)

@@ -28,6 +28,7 @@ from ._util import (
     iter_kinds,
     lanes,
     parallel_vectorize,
+    reads_along_reduction,
     root_blocks,
     static_extent,
     static_flops,
@@ -221,16 +222,6 @@ def _vectorize_lanes(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | N
         sch.vectorize(loops[0])
 
 
-def _reads_along_reduction(stmt: tirx.stmt.SBlock) -> bool:
-    """Whether every buffer the block reads is indexed by its reduction axes (a GEMM's two
-    operands, not a variance reading rows and their mean)."""
-    reduce_vars = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-    return all(
-        any(v in reduce_vars for rng in r.region for v in tirx.analysis.undefined_vars(rng.min))
-        for r in stmt.reads
-    )
-
-
 class Reduction(ScheduleRule):
     """One parallel loop over rows; the fused chain of each row computed inside it."""
 
@@ -251,9 +242,10 @@ class Reduction(ScheduleRule):
         window = _schedule_window(sch, blocks, hw)
         if window is not None:
             return window
-        if sum(1 for b in blocks if not is_spatial(sch, b)) > 1 and any(
-                len({r.source for r in sch.get(b).reads}) > 1 and not is_spatial(sch, b)
-                and _reads_along_reduction(sch.get(b)) for b in blocks):
+        reductions = [sch.get(b) for b in blocks if not is_spatial(sch, b)]
+        if len(reductions) > 1 and any(
+                len({r.source for r in stmt.reads}) > 1 and reads_along_reduction(stmt)
+                for stmt in reductions):
             return None  # a GEMM with a row chain: row by row it would re-read B per row
         flops = static_flops(func)  # all the kernel's arithmetic (a softmax's exp too)
         work = None if flops is None else max(1.0, sum(flops.values()))
