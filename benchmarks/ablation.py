@@ -110,8 +110,11 @@ def measure(built: dict, feeds: dict, repeat: int, pause: float) -> dict[str, li
     after one warm-up run (``run.time_interleaved``, one sample a turn). The variants take
     turns in an order rotated every round, with a pause between turns: a fixed order
     measured the variant after FuseOps's 2.8 ms TVM #20342 kernel 1.3x slower than the same
-    code elsewhere in the order (the previous turn's worker threads still spinning)."""
-    runs = {label: (lambda cm=cm: cm.run(feeds)) for label, cm in built.items()}
+    code elsewhere in the order (the previous turn's worker threads still spinning). Inputs
+    are copied to the device once (``CompiledModel.bind``): the numpy copies of ``run``
+    (~90 us on #20342's 512 KB fp16 input) are the same for every variant and hid a 7%
+    difference between 35 us kernels."""
+    runs = {label: cm.bind(feeds) for label, cm in built.items()}
     inner = {}
     for label, run in runs.items():
         run()

@@ -234,3 +234,32 @@ def test_inlined_fast_math_chain_stays_small(body, params, inputs, rule):
     assert expr_nodes(scheduled["group"].body, limit) < limit
     for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def exp_of_exp(bb, x):
+    return bb.emit_te(topi.fast_exp, bb.emit_te(topi.fast_exp, x))
+
+
+def exp_plus_one(bb, x):
+    return bb.emit_te(topi.add, bb.emit_te(topi.fast_exp, x), tirx.const(1.0, "float32"))
+
+
+def _blocks(func) -> list[str]:
+    """Names of the blocks of a scheduled PrimFunc, the root block aside."""
+    sch = tvm.s_tir.Schedule(func)
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+@pytest.mark.parametrize("body, blocks", [(exp_of_exp, 2), (exp_plus_one, 1)],
+                         ids=["exp_of_exp", "exp_plus_one"])
+def test_a_polynomial_read_many_times_is_not_copied_by_an_inline(body, blocks):
+    """fast_exp reads its argument 18 times: inlined into another fast_exp, the inner
+    polynomial is written out 18 times (TVM #20342's fp16 exp chain: 14.1 us inlined, 9.0 us
+    as passes of one kernel). It stays a block of its own; read once, it is inlined."""
+    mod = fused([var("x", (64, 64))], body)
+    scheduled = ApplyTargetSchedule("llvm", HW)(mod)
+    assert rules_of(scheduled) == {"group": "elementwise"}
+    assert len(_blocks(scheduled["group"])) == blocks
+    inputs = [rand(64, 64)]
+    for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -180,6 +180,11 @@ def inline_spatial(
 #: grew to millions of nodes (a random graph compiled for 3 minutes, mostly in LLVM). Above
 #: this the producer stays a buffer of its own (in the same kernel).
 MAX_INLINED_NODES = 8000
+#: Producer nodes an inline may copy beyond the first: a value read k times is written out
+#: k times, and LLVM does not win all the copies back. TVM's fast_exp (202 nodes) reads its
+#: argument 18 times; a chain of eight fp16 exps (TVM #20342) ran 14.1 us with each exp
+#: inlined into the next, 9.0 us with each a pass of its own in the same kernel (znver4).
+MAX_DUPLICATED_NODES = 1000
 
 
 _EXPR_FIELDS = ("value", "a", "b", "args", "condition", "true_value", "false_value", "body",
@@ -224,7 +229,8 @@ def _loads_of(node, buffer) -> int:
 
 def inline_stays_small(sch: s_tir.Schedule, block: SBlockRV, forward: bool) -> bool:
     """Whether inlining ``block`` (into its consumers when ``forward``, else its consumer
-    body into its producer) keeps every resulting expression within MAX_INLINED_NODES."""
+    body into its producer) keeps every resulting expression within MAX_INLINED_NODES and
+    copies the producer's value at most MAX_DUPLICATED_NODES nodes beyond its first use."""
     producers, consumers = ([block], sch.get_consumers(block)) if forward else (
         sch.get_producers(block), [block])
     bodies = [sch.get(c).body for c in consumers]
@@ -235,7 +241,9 @@ def inline_stays_small(sch: s_tir.Schedule, block: SBlockRV, forward: bool) -> b
             continue
         value_size = expr_nodes(pstmt.body.value)
         for body, size in zip(bodies, sizes, strict=True):
-            if size + _loads_of(body, pstmt.writes[0].source) * value_size > MAX_INLINED_NODES:
+            loads = _loads_of(body, pstmt.writes[0].source)
+            if size + loads * value_size > MAX_INLINED_NODES or \
+                    (loads - 1) * value_size > MAX_DUPLICATED_NODES:
                 return False
     return True
 
