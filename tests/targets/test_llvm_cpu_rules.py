@@ -286,6 +286,57 @@ def test_reduction_rows(kind, shape, kernel):
     check(row_module(kind, shape), [rand(*shape), rand(shape[-1])], {kernel: "reduction"})
 
 
+def _pooled(shape, pool_size, strides, padding):
+    k, p = np.broadcast_to(pool_size, 2), np.broadcast_to(padding, 2)
+    return (*shape[:2], *((n + 2 * q - w) // strides + 1
+                          for n, q, w in zip(shape[2:], p, k, strict=True)))
+
+
+def window_module(kind, shape, pool_size, strides, padding, epilogue):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor(shape, "float32"))
+    r = relax.Var("r", R.Tensor(_pooled(shape, pool_size, strides, padding), "float32"))
+    pool = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            y = bb.emit(pool(x, pool_size=pool_size, strides=strides, padding=padding))
+            if epilogue:  # TVM #20401's MaxPool + Add, and a ReLU after it
+                y = bb.emit(relax.op.nn.relu(relax.op.add(y, r)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("kind,shape,pool_size,strides,padding,epilogue,one_nest", [
+    ("max", (1, 8, 16, 24), 3, 1, 1, True, True),  # the row vector divides 24
+    ("avg", (2, 4, 12, 16), 3, 1, 1, True, True),  # sum then divide: the divide joins too
+    ("max", (1, 4, 10, 32), (2, 3), 1, (0, 1), False, True),  # output copied from a row
+    ("max", (1, 4, 11, 13), 3, 1, 1, True, False),  # 13 columns: no vector, as before
+    ("max", (1, 4, 16, 16), 3, 2, 1, True, False),  # strided: the (x, window) nest
+])
+def test_unit_stride_window_vectorises_columns(kind, shape, pool_size, strides, padding,
+                                               epilogue, one_nest):
+    """A stride-1 pooling window over NCHW rows runs its output columns as the vector, the
+    padding and an elementwise epilogue computed at the row: one loop nest (TVM #20401's
+    MaxPool + Add: 53 us as three passes, 45 us so)."""
+    mod = window_module(kind, shape, pool_size, strides, padding, epilogue)
+    inputs = [rand(*shape), rand(*_pooled(shape, pool_size, strides, padding))]
+    scheduled = check(mod, inputs, {"pool": "reduction"})
+    (func,) = [f for gv, f in scheduled.functions_items() if "pool" in gv.name_hint]
+    assert (_loop_nests(func) == 1) == one_nest, func.script()
+
+
+def _loop_nests(func) -> int:
+    """Top-level loop nests of a scheduled PrimFunc."""
+    sch = tvm.s_tir.Schedule(func)
+    outer = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loop = sch.get(sch.get_loops(block)[0])
+        if not any(loop.same_as(o) for o in outer):
+            outer.append(loop)
+    return len(outer)
+
+
 def test_reduction_symbolic_rows():
     n_var = tirx.Var("n", "int64")
     mod = row_module("layernorm", (n_var, 64))

@@ -28,6 +28,7 @@ from ._util import (
     iter_kinds,
     lanes,
     parallel_vectorize,
+    pick_vector_width,
     reads_along_reduction,
     root_blocks,
     static_extent,
@@ -183,9 +184,14 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
     rows = None
     if None not in extents[: n_spatial - 1]:
         rows = math.prod(extents[: n_spatial - 1])
+    row = loops[: n_spatial - 1]
     if reduction_pays(hw, None if total is None else total * window, rows):
-        sch.parallel(sch.fuse(*loops[: n_spatial - 1]))
-    _vectorize_lanes(sch, main, loops[n_spatial - 1:], extents[n_spatial - 1], hw)
+        row = [sch.fuse(*row)]
+        sch.parallel(row[0])
+    if _vectorize_lanes(sch, main, loops[n_spatial - 1:], extents[n_spatial - 1], hw):
+        pass
+    elif _vectorize_columns(sch, main, row, loops[n_spatial - 1:], extents[n_spatial - 1], hw):
+        return sch
     # Every other block (padding, epilogue, a second output) stays a root-level pass: an
     # epilogue moved under the pooled rows would only cover the rows the pool produces.
     for block in root_blocks(sch):  # the padding may have been inlined
@@ -195,8 +201,80 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
     return sch
 
 
+def _unit_stride_window(stmt, column) -> bool:
+    """Whether every access of a window block indexes its last axis at the output column
+    itself (the window offset added): a stride-1 window along the row."""
+    analyzer = tvm.sym.Analyzer()
+    for access in (*stmt.reads, *stmt.writes):
+        offset = analyzer.simplify(access.region[-1].min - column)
+        if any(v.same_as(column) for v in tirx.analysis.undefined_vars(offset)):
+            return False
+    return True
+
+
+def _vectorize_columns(sch: s_tir.Schedule, main: SBlockRV, row: list, loops,
+                       extent: int | None, hw: HardwareSpec) -> bool:
+    """A stride-1 window over a plain ``NCHW`` row: the output columns become the vector,
+    inside the window loops, each row's padding computed at the row and an elementwise
+    epilogue of the same shape applied to the row while it is in L1 (max-pool 3x3/1 + add,
+    TVM #20401's case, 1x64x56x56: 53 us as a scalar (x, window) nest and two passes, 44 us
+    so). False (nothing changed) when the window is strided or the row is too short."""
+    stmt = sch.get(main)
+    column = stmt.iter_vars[len(stmt.iter_vars) - len(loops)].var
+    width = pick_vector_width(extent, lanes(hw, dtype_bits(sch, main)))
+    if extent is None or width < 4 or not _unit_stride_window(stmt, column):
+        return False
+    row = sch.fuse(*row) if len(row) > 1 else row[0]
+    sch.reorder(*loops[1:], loops[0])
+    _, vec = sch.split(loops[0], [None, width])
+    sch.vectorize(vec)  # before any decompose: the init stays in the block (see above)
+    domain = [iv.dom.extent for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    if not sch.get_consumers(main):
+        # The window accumulates in a row buffer, copied out once: updated in place nine
+        # times, the output row ran 2.7x slower (121 vs 45 us, same nest) than a row
+        # intermediate TVM compacts to the row.
+        sch.cache_write(main, 0, "global")
+    moved = []
+    for producer in sch.get_producers(main):
+        if is_spatial(sch, producer) and len(sch.get_consumers(producer)) == 1:
+            with contextlib.suppress(ScheduleError):
+                sch.compute_at(producer, row, preserve_unit_loops=True)
+                moved.append(producer)
+    consumers = list(sch.get_consumers(main))
+    while len(consumers) == 1 and _same_domain(sch, consumers[0], domain):
+        (consumer,) = consumers
+        try:
+            sch.reverse_compute_at(consumer, row, preserve_unit_loops=True)
+        except ScheduleError:
+            break
+        moved.append(consumer)
+        consumers = list(sch.get_consumers(consumer))
+    in_row = [sch.get(b) for b in (main, *moved)]
+    rest = [b for b in root_blocks(sch) if not any(sch.get(b).same_as(m) for m in in_row)]
+    for block in moved:  # a vector that divides the row, else whole vectors and a tail
+        inner = sch.get_loops(block)[-1]
+        part = pick_vector_width(static_extent(sch, inner), lanes(hw, dtype_bits(sch, block)))
+        if part >= 8 and vector_friendly(sch, block):
+            sch.vectorize(sch.split(inner, [None, part])[1])
+        else:
+            _vectorize_innermost(sch, block, lanes(hw, dtype_bits(sch, block)), 1)
+    for block in rest:  # anything else: a root-level pass, as above
+        with contextlib.suppress(ScheduleError):
+            parallel_vectorize(sch, block, hw)
+    return True
+
+
+def _same_domain(sch: s_tir.Schedule, block: SBlockRV, domain: list) -> bool:
+    """Whether a spatial ``block`` iterates exactly ``domain`` (extents, in order)."""
+    if not is_spatial(sch, block):
+        return False
+    extents = [iv.dom.extent for iv in sch.get(block).iter_vars]
+    return len(extents) == len(domain) and all(
+        tvm_ffi.structural_equal(a, b) for a, b in zip(extents, domain, strict=True))
+
+
 def _vectorize_lanes(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | None,
-                     hw: HardwareSpec) -> None:
+                     hw: HardwareSpec) -> bool:
     """A window over a blocked ``NCHW[b]c`` tensor: the channel lanes (the last spatial
     loop, the innermost index of every access) become the vector, inside the window loops,
     the padding inlined (max-pool 3x3/2 over 1x4x112x112x16: 305 us as a scalar nest after
@@ -205,10 +283,10 @@ def _vectorize_lanes(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | N
     lane = stmt.iter_vars[len(stmt.iter_vars) - len(loops)].var
     width = lanes(hw, dtype_bits(sch, main))
     if extent is None or extent > 4 * width or extent < 4:
-        return
+        return False
     for access in (*stmt.reads, *stmt.writes):
         if not access.region[-1].min.same_as(lane):
-            return
+            return False
     # The padding is read in the window instead of materialised: a separate pass over the
     # padded tensor took 3.5x the pooling itself (its guard is uniform across the lanes).
     for producer in sch.get_producers(main):
@@ -220,6 +298,7 @@ def _vectorize_lanes(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | N
         # no longer a "reduction block", which vectorize refuses.
         sch.reorder(*loops[1:], loops[0])
         sch.vectorize(loops[0])
+    return True
 
 
 class Reduction(ScheduleRule):
