@@ -1,0 +1,91 @@
+"""Attention as one row-wise kernel against the sequence length.
+
+    python benchmarks/attention_seq.py [--seqs 128 512 1024 2048] [--heads 4] [--repeat 15]
+
+One ``softmax(Q K^T / sqrt(dh) + mask) V`` block (``ablation.attention_block``, dh = 64) at
+each length: our plan (one kernel, the attention rule: a block of query rows computes its
+scores, softmax and P V in cache), FuseOps's four kernels with the same schedule rules, and
+onnxruntime. Timed interleaved in one process in a rotating order with a pause between turns
+(``run.time_interleaved``; inputs copied to the device once). The row-wise schedule keeps a
+few ``rows x S`` buffers per block of rows, so it shows where an online-softmax (flash)
+schedule, which bounds them by a key block, would start to pay. Writes
+benchmarks/results/attention_seq.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import fusion_tvm  # noqa: E402
+from benchmarks.ablation import attention_block  # noqa: E402
+from benchmarks.run import runs_per_sample, time_interleaved  # noqa: E402
+
+HEAD_DIM = 64
+
+
+def bench(seq: int, heads: int, repeat: int, threads: int) -> dict:
+    """Median ms per contender and the GFLOP/s they give, at one sequence length."""
+    import onnxruntime as ort
+
+    model = attention_block(seq=seq, heads=heads, dh=HEAD_DIM)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((1, heads, seq, HEAD_DIM)).astype(np.float32) for n in "qkv"}
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    ref = sess.run(None, feeds)[0]
+    runs, kernels, errors = {}, {}, {}
+    for label, fusion in (("ours", "cost"), ("fuseops", "fuseops")):
+        cm = fusion_tvm.compile(model, fusion=fusion)
+        errors[label] = float(np.abs(cm.run(feeds)[0] - ref).max())
+        kernels[label] = cm.num_kernels
+        runs[label] = cm.bind(feeds)
+    runs["onnxruntime"] = lambda: sess.run(None, feeds)
+    inner = {}
+    for label, run in runs.items():
+        run()
+        inner[label] = runs_per_sample(run)
+    times = time_interleaved(runs, inner, repeat, block=1, settle_s=0.2, warm_turn=True)
+    flops = 4.0 * heads * seq * seq * HEAD_DIM
+    row = {"seq": seq, "heads": heads, "kernels": kernels, "max_abs_err_vs_ort": errors}
+    for label, samples in times.items():
+        ms = statistics.median(samples) * 1e3
+        row[label] = {"ms": ms, "gflops": flops / ms / 1e6}
+    row["ours_vs_fuseops"] = row["fuseops"]["ms"] / row["ours"]["ms"]
+    row["ours_vs_onnxruntime"] = row["onnxruntime"]["ms"] / row["ours"]["ms"]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seqs", nargs="*", type=int, default=[128, 512, 1024, 2048])
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=15)
+    args = ap.parse_args()
+    threads = int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1))
+    print(f"machine: {os.cpu_count()} cores, {threads} threads (TVM and onnxruntime)")
+    rows = [bench(seq, args.heads, args.repeat, threads) for seq in args.seqs]
+    print(f"\n{'seq':>5} {'ours ms':>9} {'GFLOP/s':>8} {'FuseOps ms':>10} {'ORT ms':>8} "
+          f"{'vs FuseOps':>10} {'vs ORT':>7}")
+    for r in rows:
+        print(f"{r['seq']:>5} {r['ours']['ms']:>9.3f} {r['ours']['gflops']:>8.1f} "
+              f"{r['fuseops']['ms']:>10.3f} {r['onnxruntime']['ms']:>8.3f} "
+              f"{r['ours_vs_fuseops']:>9.2f}x {r['ours_vs_onnxruntime']:>6.2f}x")
+    out = Path(__file__).parent / "results" / "attention_seq.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
