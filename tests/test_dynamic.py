@@ -73,8 +73,8 @@ def test_specialized_variants_dispatch_and_match():
     assert list(cm.variants) == [(("S", 8),)]
     variant = cm.variants[(("S", 8),)]
     calls = []
-    original = variant.run
-    variant.run = lambda arrays: calls.append(1) or original(arrays)
+    original = variant.bind
+    variant.bind = lambda arrays: calls.append(1) or original(arrays)
     sess = ort.InferenceSession(model.SerializeToString())
     for size in (8, 5):
         feeds = example_inputs(model, seed=size, N=1, S=size)

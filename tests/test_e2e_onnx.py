@@ -252,3 +252,22 @@ def test_sibling_matmuls_combined_when_predicted_faster():
     feeds = {i.name: rng.integers(0, 50, (1, 6)).astype("int64") for i in model.graph.input}
     for a, b in zip(with_siblings.run(feeds), without.run(feeds), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_bind_runs_as_run_does():
+    """``bind`` copies the feeds once and returns the VM call: the same outputs as ``run``,
+    every call; bad feeds are refused when bound."""
+    from fusion_tvm.api import flatten_outputs
+    from fusion_tvm.errors import InputMismatchError
+
+    model = attention()
+    feeds = _feeds(model)
+    cm = fusion_tvm.compile(model, hw="ci-x86-avx2")
+    want = cm.run(feeds)
+    step = cm.bind(feeds)
+    for _ in range(2):
+        for got, ref in zip(flatten_outputs(step()), want, strict=True):
+            np.testing.assert_array_equal(got, ref)
+    name = cm.input_names[0]
+    with pytest.raises(InputMismatchError):
+        cm.bind({**feeds, name: feeds[name][..., :1]})
