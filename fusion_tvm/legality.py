@@ -95,7 +95,9 @@ class FusionKinds:
     prologue : bool
         Producers folded into a matmul / conv's loads (transposes, casts, elementwise).
     weight_folding : bool
-        BatchNorm folded into conv weights at compile time (prepare phase).
+        BatchNorm folded into conv weights, and per-channel scale / shift chains after a
+        constant-weight matmul or conv into its weights and one bias, at compile time
+        (prepare phase).
     siblings : bool
         Matmuls sharing their input combined into one (prepare phase, when predicted faster).
     attention : bool

@@ -29,6 +29,7 @@ from .legality import FusionKinds
 from .passes.combine_siblings import combine_siblings
 from .passes.expand_small_powers import ExpandSmallPowers
 from .passes.fast_math import FastMath
+from .passes.fold_affine import FoldAffineIntoWeights
 from .passes.fuse_by_cost_model import FuseByCostModel
 from .passes.mark_constant_params import MarkConstantParams
 from .passes.mark_noalias import MarkShapeFuncsNoAlias
@@ -67,6 +68,7 @@ def prepare_passes(
     layout = list(backend.layout_passes(hw)) if backend is not None else []
     kinds = kinds or FusionKinds()
     fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
+    fold_affine = [FoldAffineIntoWeights()] if kinds.weight_folding else []
     siblings = [combine_siblings(hw)] if kinds.siblings else []
     use_fast = backend.fast_math if backend is not None else True
     fast_math = [FastMath()] if use_fast else []
@@ -76,6 +78,7 @@ def prepare_passes(
         relax.backend.DispatchSortScan(),
         *fold,
         relax.transform.DecomposeOpsForInference(),
+        *fold_affine,  # per-channel scale / shift chains into matmul and conv weights
         *siblings,
         SplitToSlices(),
         ExpandSmallPowers(),  # x**2, x**3 as multiplies (powf is a scalar libm call)
