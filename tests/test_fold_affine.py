@@ -123,3 +123,17 @@ def test_run_time_weight_not_folded():
         bb.emit_func_output(out)
     mod = bb.get()
     tvm.ir.assert_structural_equal(FoldAffineIntoWeights()(mod), mod)
+
+
+def test_integer_product_not_folded():
+    """An int32 matmul (a quantised layer) keeps its exact weights and its scale."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "int32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 6), "int32"))))
+            y = bb.emit(relax.op.multiply(y, relax.const(np.full((6,), 3, "int32"))))
+            out = bb.emit_output(relax.op.add(y, relax.const(1, "int32")))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(FoldAffineIntoWeights()(mod), mod)

@@ -99,6 +99,9 @@ def _anchor(call, constants: _Constants):
     """``(kind, data, weight value, channel axis of the output, channel axis of W)`` of a
     matmul / conv2d with a constant weight, else None."""
     name = _op_name(call)
+    if not isinstance(call.ty, relax.TensorType) or not str(call.ty.dtype).startswith(
+            ("float", "bfloat")):
+        return None  # an integer product (quantised) keeps its exact weights
     if name == "matmul":
         weight = constants.value(call.args[1])
         if weight is None or weight.ndim != 2 or call.attrs.out_dtype not in ("", "void",
