@@ -114,7 +114,12 @@ def measure(built: dict, feeds: dict, repeat: int, pause: float) -> dict[str, li
     are copied to the device once (``CompiledModel.bind``): the numpy copies of ``run``
     (~90 us on #20342's 512 KB fp16 input) are the same for every variant and hid a 7%
     difference between 35 us kernels."""
-    runs = {label: cm.bind(feeds) for label, cm in built.items()}
+    return time_runs({label: cm.bind(feeds) for label, cm in built.items()}, repeat, pause)
+
+
+def time_runs(runs: dict, repeat: int, pause: float) -> dict[str, list[float]]:
+    """``repeat`` samples of each zero-argument call in ``runs``, as :func:`measure` takes
+    them (a warm-up, >= 5 ms a sample, rotating turns with ``pause`` between)."""
     inner = {}
     for label, run in runs.items():
         run()

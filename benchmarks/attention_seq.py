@@ -6,7 +6,7 @@ One ``softmax(Q K^T / sqrt(dh) + mask) V`` block (``ablation.attention_block``, 
 each length: our plan (one kernel, the attention rule: a block of query rows computes its
 scores, softmax and P V in cache), FuseOps's four kernels with the same schedule rules, and
 onnxruntime. Timed interleaved in one process in a rotating order with a pause between turns
-(``run.time_interleaved``; inputs copied to the device once). The row-wise schedule keeps a
+(``ablation.time_runs``; inputs copied to the device once). The row-wise schedule keeps a
 few ``rows x S`` buffers per block of rows, so it shows where an online-softmax (flash)
 schedule, which bounds them by a key block, would start to pay. Writes
 benchmarks/results/attention_seq.json.
@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import fusion_tvm  # noqa: E402
-from benchmarks.ablation import attention_block  # noqa: E402
-from benchmarks.run import runs_per_sample, time_interleaved  # noqa: E402
+from benchmarks.ablation import attention_block, time_runs  # noqa: E402
 
 HEAD_DIM = 64
 
@@ -51,11 +50,7 @@ def bench(seq: int, heads: int, repeat: int, threads: int) -> dict:
         kernels[label] = cm.num_kernels
         runs[label] = cm.bind(feeds)
     runs["onnxruntime"] = lambda: sess.run(None, feeds)
-    inner = {}
-    for label, run in runs.items():
-        run()
-        inner[label] = runs_per_sample(run)
-    times = time_interleaved(runs, inner, repeat, block=1, settle_s=0.2, warm_turn=True)
+    times = time_runs(runs, repeat, pause=0.2)
     flops = 4.0 * heads * seq * seq * HEAD_DIM
     row = {"seq": seq, "heads": heads, "kernels": kernels, "max_abs_err_vs_ort": errors}
     for label, samples in times.items():

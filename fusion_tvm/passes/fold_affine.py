@@ -20,17 +20,15 @@ import numpy as np
 import tvm
 from tvm import relax
 
-_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
-    "add", "subtract", "multiply", "divide", "matmul", "nn.conv2d", "expand_dims",
-    "reshape", "sqrt", "rsqrt", "permute_dims")}
-_AFFINE = ("add", "subtract", "multiply", "divide")
+_AFFINE = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide}
+#: Ops a constant expression may use (``_Constants.value``).
+_CONSTANT_OPS = {"expand_dims", "reshape", "sqrt", "rsqrt", *_AFFINE}
 
 
 def _op_name(expr) -> str | None:
+    """``"add"`` for a call of ``relax.add`` (None for anything but an operator call)."""
     if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-        for name, op in _OPS.items():
-            if expr.op.same_as(op):
-                return name
+        return expr.op.name.removeprefix("relax.")
     return None
 
 
@@ -59,7 +57,7 @@ class _Constants:
         if isinstance(expr, tvm.ir.GenericConst):
             return expr.value.numpy().astype(np.float64)
         name = _op_name(expr)
-        if name is None:
+        if name not in _CONSTANT_OPS:
             return None
         args = [self.value(a, depth + 1) for a in expr.args
                 if not isinstance(a, relax.ShapeExpr)]
@@ -74,10 +72,8 @@ class _Constants:
             return np.sqrt(args[0])
         if name == "rsqrt":
             return 1.0 / np.sqrt(args[0])
-        if name in _AFFINE and len(args) == 2:
-            fn = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
-                  "divide": np.divide}[name]
-            return np.broadcast_to(fn(args[0], args[1]), shape)
+        if len(args) == 2:
+            return np.broadcast_to(_AFFINE[name](args[0], args[1]), shape)
         return None
 
 
@@ -120,14 +116,10 @@ def _anchor(call, constants: _Constants):
     return None
 
 
-def _chain(var, anchor_call, users, var2val, constants):
-    """Follow single-use affine ops from ``var``: ``(last var, a, s, ops)`` or None."""
-    out_shape = _static_shape(anchor_call)
-    if out_shape is None:
-        return None
-    axis = _anchor(anchor_call, constants)[3] % len(out_shape)
-    channels = out_shape[axis]
-    a, s = np.ones(channels), np.zeros(channels)
+def _chain(var, out_shape: tuple[int, ...], axis: int, users, var2val, constants):
+    """Follow single-use affine ops from ``var`` (an ``out_shape`` product whose channels lie
+    along ``axis``): ``(last var, a, s)`` or None."""
+    a, s = np.ones(out_shape[axis]), np.zeros(out_shape[axis])
     cur, ops = var, []
     while isinstance(cur, relax.DataflowVar):  # a function output must keep its value
         uses = users.get(cur, [])
@@ -163,7 +155,7 @@ def _chain(var, anchor_call, users, var2val, constants):
         return None
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(s))):
         return None
-    return cur, a, s, ops
+    return cur, a, s
 
 
 @relax.expr_functor.mutator
@@ -198,11 +190,13 @@ def _rewrites(func: relax.Function) -> dict:
         anchor = _anchor(val, constants) if isinstance(val, relax.Call) else None
         if anchor is None or not isinstance(var, relax.DataflowVar):
             continue
-        found = _chain(var, val, users, var2val, constants)
+        kind, data, weight, axis, w_axis = anchor
+        out_shape = _static_shape(val)
+        found = None if out_shape is None else _chain(
+            var, out_shape, axis % len(out_shape), users, var2val, constants)
         if found is None:
             continue
-        last, a, s, _ = found
-        kind, data, weight, _, w_axis = anchor
+        last, a, s = found
         shape = [1] * weight.ndim
         shape[w_axis] = -1
         dtype = str(val.ty.dtype)

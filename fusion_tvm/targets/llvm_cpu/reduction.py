@@ -188,16 +188,24 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
     if reduction_pays(hw, None if total is None else total * window, rows):
         row = [sch.fuse(*row)]
         sch.parallel(row[0])
-    if _vectorize_lanes(sch, main, loops[n_spatial - 1:], extents[n_spatial - 1], hw):
-        pass
-    elif _vectorize_columns(sch, main, row, loops[n_spatial - 1:], extents[n_spatial - 1], hw):
-        return sch
+    last, extent = loops[n_spatial - 1:], extents[n_spatial - 1]  # last spatial + window
+    moved = [] if _vectorize_lanes(sch, main, last, extent, hw) else \
+        _vectorize_columns(sch, main, row, last, extent, hw)
     # Every other block (padding, epilogue, a second output) stays a root-level pass: an
-    # epilogue moved under the pooled rows would only cover the rows the pool produces.
-    for block in root_blocks(sch):  # the padding may have been inlined
-        if not sch.get(block).same_as(sch.get(main)):
-            with contextlib.suppress(ScheduleError):
-                parallel_vectorize(sch, block, hw)
+    # epilogue of another shape moved under the pooled rows would only cover the rows the
+    # pool produces. (The padding may have been inlined.)
+    placed = [sch.get(b) for b in (main, *moved)]
+    rest = [b for b in root_blocks(sch) if not any(sch.get(b).same_as(p) for p in placed)]
+    for block in moved:  # a vector that divides the row, else whole vectors and a tail
+        inner = sch.get_loops(block)[-1]
+        part = pick_vector_width(static_extent(sch, inner), lanes(hw, dtype_bits(sch, block)))
+        if part >= 8 and vector_friendly(sch, block):
+            sch.vectorize(sch.split(inner, [None, part])[1])
+        else:
+            _vectorize_innermost(sch, block, lanes(hw, dtype_bits(sch, block)), 1)
+    for block in rest:
+        with contextlib.suppress(ScheduleError):
+            parallel_vectorize(sch, block, hw)
     return sch
 
 
@@ -213,17 +221,18 @@ def _unit_stride_window(stmt, column) -> bool:
 
 
 def _vectorize_columns(sch: s_tir.Schedule, main: SBlockRV, row: list, loops,
-                       extent: int | None, hw: HardwareSpec) -> bool:
+                       extent: int | None, hw: HardwareSpec) -> list[SBlockRV]:
     """A stride-1 window over a plain ``NCHW`` row: the output columns become the vector,
     inside the window loops, each row's padding computed at the row and an elementwise
     epilogue of the same shape applied to the row while it is in L1 (max-pool 3x3/1 + add,
     TVM #20401's case, 1x64x56x56: 53 us as a scalar (x, window) nest and two passes, 44 us
-    so). False (nothing changed) when the window is strided or the row is too short."""
+    so). Returns the blocks moved under the row loop (vectorised by the caller); nothing
+    changes when the window is strided or the row is too short."""
     stmt = sch.get(main)
     column = stmt.iter_vars[len(stmt.iter_vars) - len(loops)].var
     width = pick_vector_width(extent, lanes(hw, dtype_bits(sch, main)))
     if extent is None or width < 4 or not _unit_stride_window(stmt, column):
-        return False
+        return []
     row = sch.fuse(*row) if len(row) > 1 else row[0]
     sch.reorder(*loops[1:], loops[0])
     _, vec = sch.split(loops[0], [None, width])
@@ -249,19 +258,7 @@ def _vectorize_columns(sch: s_tir.Schedule, main: SBlockRV, row: list, loops,
             break
         moved.append(consumer)
         consumers = list(sch.get_consumers(consumer))
-    in_row = [sch.get(b) for b in (main, *moved)]
-    rest = [b for b in root_blocks(sch) if not any(sch.get(b).same_as(m) for m in in_row)]
-    for block in moved:  # a vector that divides the row, else whole vectors and a tail
-        inner = sch.get_loops(block)[-1]
-        part = pick_vector_width(static_extent(sch, inner), lanes(hw, dtype_bits(sch, block)))
-        if part >= 8 and vector_friendly(sch, block):
-            sch.vectorize(sch.split(inner, [None, part])[1])
-        else:
-            _vectorize_innermost(sch, block, lanes(hw, dtype_bits(sch, block)), 1)
-    for block in rest:  # anything else: a root-level pass, as above
-        with contextlib.suppress(ScheduleError):
-            parallel_vectorize(sch, block, hw)
-    return True
+    return moved
 
 
 def _same_domain(sch: s_tir.Schedule, block: SBlockRV, domain: list) -> bool:
