@@ -83,6 +83,19 @@ def maxpool_add(channels: int = 64, size: int = 56):
     return g.build("TVM issue 20401")
 
 
+def inception_block(channels: int = 32, size: int = 28):
+    """A GoogLeNet-style inception block on x [1, channels, size, size]: three 1x1 convs of x
+    (16 / 24 / 8 outputs, bias and ReLU each), the second and third feeding a 3x3 / a 5x5
+    conv, the branches concatenated. The 1x1s are siblings (``CombineSiblingConvs``)."""
+    g = GraphBuilder("inception")
+    x = g.add_input("x", [1, channels, size, size])
+    b1 = g.relu(g.conv(x, channels, 16, 1, bias=True))
+    b2 = g.relu(g.conv(g.relu(g.conv(x, channels, 24, 1, bias=True)), 24, 32, 3, bias=True))
+    b3 = g.relu(g.conv(g.relu(g.conv(x, channels, 8, 1, bias=True)), 8, 16, 5, bias=True))
+    g.add_output(g.op("Concat", [b1, b2, b3], axis=1))
+    return g.build("inception block")
+
+
 #: Small cases: builder(small: bool) -> model.
 CASES = {
     "attention": lambda small: attention_block(seq=16 if small else 128,
@@ -91,6 +104,7 @@ CASES = {
                                                       dh=16 if small else 64, causal=True),
     "tvm20342": lambda small: exp_chain_broadcast(*((8, 8, 16) if small else (64, 64, 64))),
     "tvm20401": lambda small: maxpool_add(*((4, 12) if small else (64, 56))),
+    "inception": lambda small: inception_block(*((16, 14) if small else (32, 28))),
 }
 
 

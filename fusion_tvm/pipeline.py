@@ -26,6 +26,7 @@ from .cost_models.hardware import HardwareSpec
 from .cost_models.presets import get_hardware
 from .errors import UnknownNameError
 from .legality import FusionKinds
+from .passes.combine_sibling_convs import CombineSiblingConvs
 from .passes.combine_siblings import combine_siblings
 from .passes.expand_small_powers import ExpandSmallPowers
 from .passes.fast_math import FastMath
@@ -69,7 +70,7 @@ def prepare_passes(
     kinds = kinds or FusionKinds()
     fold = [relax.transform.FoldBatchnormToConv2D()] if kinds.weight_folding else []
     fold_affine = [FoldAffineIntoWeights()] if kinds.weight_folding else []
-    siblings = [combine_siblings(hw)] if kinds.siblings else []
+    siblings = [combine_siblings(hw), CombineSiblingConvs(hw, backend)] if kinds.siblings else []
     use_fast = backend.fast_math if backend is not None else True
     fast_math = [FastMath()] if use_fast else []
     return [

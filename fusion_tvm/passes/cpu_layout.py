@@ -16,7 +16,9 @@ The pass runs before legalization:
 3. our rewriter lowers the blocked convs to TE (:func:`conv2d_nchwc_te`, which
    ``LegalizeOps`` cannot do for blocked layouts), moves depthwise convs and unary /
    same-shape binary elementwise ops that ConvertLayout leaves in NCHW between blocked
-   tensors into the blocked layout, and drops ``unblock -> block`` transform pairs.
+   tensors into the blocked layout, slices whole channel blocks of a blocked tensor in
+   place (ConvertLayout unblocks the whole tensor to slice it), and drops
+   ``unblock -> block`` transform pairs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tvm import relax, s_tir, te, tirx, topi
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
+_STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 #: Elementwise ops moved into the blocked layout when their inputs are blocked (one
 #: output element per input element at the same index, so the layout does not matter).
 _UNARY = frozenset(
@@ -281,6 +284,11 @@ class _BlockedRewriter(relax.PyExprMutator):
                     twin, a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
                     bool(a.count_include_pad), layout=f"NCHW{self.b}c"))
                 return None
+        if value.op.same_as(_STRIDED_SLICE):
+            sliced = self._blocked_slice(value)
+            if sliced is not None:
+                self._emit_blocked(binding, sliced)
+                return None
         if value.op in _UNARY and len(args) >= 1:
             twin = self._twin(value.args[0])
             if twin is not None:
@@ -292,6 +300,32 @@ class _BlockedRewriter(relax.PyExprMutator):
                 self._emit_blocked(binding, relax.Call(value.op, operands, value.attrs))
                 return None
         return super().visit_var_binding_(binding)
+
+    def _blocked_slice(self, call: relax.Call) -> relax.Expr | None:
+        """A channel slice of a blocked tensor as a slice of its channel blocks, when it
+        takes whole blocks (begin and length multiples of ``b``, stride 1), else None.
+
+        TVM's layout inference cannot slice a sub-indexed axis ("Can't handle sub indexed
+        layouts"): it unblocks the whole tensor, slices in NCHW and blocks the slice again
+        for a blocked consumer, two layout changes where a block range suffices. Sibling
+        convs combined into one (``CombineSiblingConvs``) are sliced this way per branch."""
+        twin = self._twin(call.args[0])
+        shape, out = _static_shape(call.args[0]), _static_shape(call)
+        if twin is None or shape is None or out is None or len(shape) != 4 or len(out) != 4:
+            return None
+        axes, begin = _ints(call.args[1]), _ints(call.args[2])
+        strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or ())
+        if axes is None or begin is None or strides != [1] or [a % 4 for a in axes] != [1]:
+            return None
+        channels, taken = shape[1], out[1]
+        if not (isinstance(channels, int) and isinstance(taken, int)) or taken <= 0:
+            return None
+        start = min(max(begin[0] + channels if begin[0] < 0 else begin[0], 0), channels)
+        b = self.b
+        if start % b or taken % b or start + taken > channels:
+            return None
+        return relax.op.strided_slice(twin, axes=[1], begin=[start // b],
+                                      end=[(start + taken) // b], assume_inbound=True)
 
     def _blocked_operands(self, call: relax.Call, args) -> list[relax.Expr] | None:
         """Operands of a binary op in the blocked layout: blocked twins of same-shaped
@@ -361,11 +395,11 @@ class _BlockedRewriter(relax.PyExprMutator):
         if twin is not None and cin % self.b == 0:
             data, bi = twin, self.b
         else:
-            bi = cin if cin < self.b and cout % self.b == 0 else _pow2_block(cin, self.b)
+            bi = cin if cin < self.b and cout % self.b == 0 else channel_block(cin, self.b)
             if bi is None:
                 return None
             data = self.builder_.emit(self._block(args[0], bi), name_hint="data_nchwc")
-        bo = _pow2_block(cout, self.b)
+        bo = channel_block(cout, self.b)
         if bo is None:
             return None
         packed = tirx.IndexMap.from_func(
@@ -383,13 +417,24 @@ class _BlockedRewriter(relax.PyExprMutator):
         return "plain", self._unblock(out, bo)
 
 
+def _ints(values: relax.Expr) -> list[int] | None:
+    """The integers of a tuple of static ints (a strided slice's axes / bounds)."""
+    if not isinstance(values, relax.Tuple):
+        return None
+    if not all(isinstance(v, tirx.IntImm) for v in values.fields):
+        return None
+    return [int(v.value) for v in values.fields]
+
+
 #: Narrowest channel block of a conv the network block does not divide (narrower vectors
 #: than this lose to the NCHW row kernel).
 MIN_MIXED_BLOCK = 8
 
 
-def _pow2_block(channels: int, block: int) -> int | None:
-    """The largest power of two in ``[MIN_MIXED_BLOCK, block]`` dividing ``channels``."""
+def channel_block(channels: int, block: int) -> int | None:
+    """The largest power of two in ``[MIN_MIXED_BLOCK, block]`` dividing ``channels``: the
+    channel block of a conv's output under the network block ``block`` (None: the conv
+    stays NCHW)."""
     b = block
     while b >= MIN_MIXED_BLOCK:
         if channels % b == 0:

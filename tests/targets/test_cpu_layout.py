@@ -242,3 +242,79 @@ def test_strided_dense_conv_inlines_padding_only_for_static_batch(builds):
     assert all(symbolic[n] for n in symbolic if "nchwc2" in n and "depthwise" not in n)
     x = RNG.standard_normal((2, 3, 13, 13)).astype("float32")
     np.testing.assert_allclose(_run(static, x), _run(native, x), rtol=1e-4, atol=1e-4)
+
+
+def _sliced(cut: int, conv_after: bool):
+    """A 1x1 conv (16 -> 32 channels, bias) whose output is cut along the channels at
+    ``cut``: ``[0, cut)`` through ReLU (and a 3x3 conv with ``conv_after``), ``[cut, 32)``
+    through ReLU; both are outputs."""
+    from benchmarks.zoo.builder import GraphBuilder
+
+    g = GraphBuilder("sliced")
+    y = g.conv(g.add_input("x", [1, 16, 14, 14]), 16, 32, 1, bias=True)
+    a = g.relu(g.op("Slice", [y, g.ints([0]), g.ints([cut]), g.ints([1])]))
+    b = g.relu(g.op("Slice", [y, g.ints([cut]), g.ints([32]), g.ints([1])]))
+    g.add_output(g.conv(a, cut, 16, 3, bias=True) if conv_after else a)
+    g.add_output(b)
+    return g.build()
+
+
+def _layout_changes(mod: tvm.IRModule) -> list[tuple[str, tuple]]:
+    """(kind, input shape) of every activation layout change in ``mod``'s main: our TE
+    ``to_nchw`` / ``to_nchwc`` calls and any ``R.layout_transform`` of a non-constant."""
+    found = []
+
+    def visit(e):
+        if not isinstance(e, relax.Call):
+            return
+        if e.op.same_as(tvm.ir.Op.get("relax.call_tir")) and \
+                e.args[0].name_hint.startswith("to_nchw"):
+            kind = "to_nchwc" if e.args[0].name_hint.startswith("to_nchwc") else "to_nchw"
+            found.append((kind, tuple(int(d) for d in e.args[1].fields[0].ty.shape.values)))
+        elif e.op.same_as(tvm.ir.Op.get("relax.layout_transform")) and \
+                not isinstance(e.args[0], tvm.ir.expr.Constant):
+            found.append(("layout_transform", ()))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def _matches_onnxruntime(model):
+    ort = pytest.importorskip("onnxruntime")
+    from benchmarks import zoo
+
+    feeds = zoo.example_inputs(model, seed=0)
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    compiled = fusion_tvm.compile(model, hw=HW)
+    for got, want in zip(compiled.run(feeds), ref, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return compiled
+
+
+def test_block_aligned_channel_slices_stay_blocked():
+    """Slices at channel 16 of a 32-channel NCHW8c tensor take whole blocks: each is a
+    slice of the blocked tensor, so the conv's output is never unblocked and the 3x3 conv
+    reads its slice without re-blocking it. The only layout changes left are the input's
+    block and the two outputs' unblock, each of 16 channels."""
+    from fusion_tvm.frontend import load_model
+
+    model = _sliced(16, conv_after=True)
+    mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
+    assert sorted(_layout_changes(mod)) == [
+        ("to_nchw", (1, 2, 14, 14, 8)), ("to_nchw", (1, 2, 14, 14, 8)),
+        ("to_nchwc", (1, 16, 14, 14)),
+    ]
+    assert "R.strided_slice(" in mod["main"].script(show_meta=False)  # on the blocked tensor
+    assert _rules(_matches_onnxruntime(model))["conv2d_nchwc"] == 2
+
+
+def test_misaligned_channel_slice_unblocks_and_matches_onnxruntime():
+    """A cut at channel 12 is not whole 8-channel blocks: the conv's whole output is
+    unblocked and sliced in NCHW, as TVM's layout inference does it."""
+    from fusion_tvm.frontend import load_model
+
+    model = _sliced(12, conv_after=False)
+    mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
+    assert ("to_nchw", (1, 4, 14, 14, 8)) in _layout_changes(mod)  # all 32 channels
+    _matches_onnxruntime(model)
