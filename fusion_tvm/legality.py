@@ -7,10 +7,12 @@ depends on the cost model: everything the search proposes passes through here.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .chain_stages import chain_stages
 from .cost_models.hardware import OpClass
 from .graph import FusionGraph
 from .ops import PatternKind
@@ -73,6 +75,13 @@ class TemplateLimits:
         tensors, row reductions of its result (softmax), and a second such matmul reading
         the reduced rows (``softmax(Q K^T) V``), or a contiguous part of that chain. Such
         groups pass whatever ``max_contractions`` / ``contraction_with_reduction`` say.
+    online_softmax : bool
+        The backend's attention template for the whole float32 chain computes the softmax
+        online over blocks of keys and takes any number of query rows (a partial last
+        tile of rows is recomputed, not guarded), so ragged row counts need not be cut.
+    staged_chains : bool
+        A chain of weight matmuls (an MLP) may be one kernel of stages, one per matmul
+        (:mod:`~fusion_tvm.chain_stages`), each stage a group these limits allow on its own.
     """
 
     max_contractions: int = 1
@@ -80,6 +89,8 @@ class TemplateLimits:
     max_nodes: int = 64
     row_stage: bool = False
     attention: bool = False
+    online_softmax: bool = False
+    staged_chains: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,13 +110,17 @@ class FusionKinds:
         constant-weight matmul or conv into its weights and one bias, at compile time
         (prepare phase).
     siblings : bool
-        Matmuls sharing their input combined into one (prepare phase, when predicted faster).
+        Matmuls sharing their input combined into one, and conv2ds of one input with the same
+        attributes and kernel size (prepare phase, when predicted faster).
     attention : bool
         Compute chains: ``matmul -> row reductions -> matmul`` (attention) as one kernel,
         where the backend has a template for it (``TemplateLimits.attention``).
     row_stages : bool
         A norm / softmax before or after a matmul run as a staged row pass in the matmul's
         kernel (``TemplateLimits.row_stage``; needs ``reduction_chains`` too).
+    mlp_chains : bool
+        Chained weight matmuls (``x W1 -> act -> W2``) as one kernel of stages
+        (``TemplateLimits.staged_chains``).
     """
 
     reduction_chains: bool = True
@@ -115,6 +130,7 @@ class FusionKinds:
     siblings: bool = True
     attention: bool = True
     row_stages: bool = True
+    mlp_chains: bool = True
 
 
 def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -> FusionDecision:
@@ -134,6 +150,9 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
         return FusionDecision.forbid(f"{what} are switched off")
     if not kinds.attention and attention_chain(graph, group):
         return FusionDecision.forbid("compute chains (attention) are switched off")
+    stages = chain_stages(graph, group)
+    if stages is not None and not kinds.mlp_chains:
+        return FusionDecision.forbid("MLP chains (staged matmuls) are switched off")
     if not kinds.multi_output:
         published = sum(
             1 for n in nodes
@@ -144,7 +163,8 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
             return FusionDecision.forbid("multi-output groups are switched off")
     if not kinds.prologue:
         for n in nodes:
-            if n.is_contraction and any(p in group for p in _ancestors(graph, n.id, group)):
+            own = next((st for st in stages if n.id in st), group) if stages else group
+            if n.is_contraction and _ancestors(graph, n.id, frozenset(own)):
                 return FusionDecision.forbid(
                     f"prologue fusion is switched off and {n.name} has producers in the group"
                 )
@@ -257,6 +277,8 @@ def check_templates(
         static = [int(r) for r in rows if isinstance(r, int) or hasattr(r, "value")]
         if not static or static[0] % ATTENTION_ROW_BLOCK == 0:
             return FusionDecision.allow()
+        if limits.online_softmax and _whole_float_chain(graph, group, contractions):
+            return FusionDecision.allow()  # the online template clamps its last row tile
         if not side:
             # One query row at a time measured 2x slower than three kernels (ViT, S = 197).
             return FusionDecision.forbid(
@@ -264,6 +286,14 @@ def check_templates(
                 f"{ATTENTION_ROW_BLOCK}): the template's row blocks do not fit"
             )
         # Q K^T then the softmax: the matmul rule's GEMM and a staged row pass after it.
+    stages = chain_stages(graph, group) if limits.staged_chains else None
+    if stages is not None:
+        single = dataclasses.replace(limits, staged_chains=False)
+        for k, stage in enumerate(stages):
+            d = check_templates(graph, stage, single)
+            if not d:
+                return FusionDecision.forbid(f"stage {k + 1} of the matmul chain: {d.reason}")
+        return FusionDecision.allow()
     if len(contractions) > limits.max_contractions:
         names = ", ".join(n.name for n in contractions)
         return FusionDecision.forbid(
@@ -323,6 +353,22 @@ def row_stage(graph: FusionGraph, group: frozenset[int]) -> tuple[str, set[int]]
     if all(r in below for r in reds):
         return "epilogue", set(reds).union(*(_descendants(graph, r, group) for r in reds))
     return "", set()
+
+
+def _whole_float_chain(graph: FusionGraph, group: frozenset[int], contractions) -> bool:
+    """Whether ``group`` is the whole float32 ``softmax(Q K^T) V`` chain publishing nothing
+    before its second matmul (what the online-softmax template takes)."""
+    if len(contractions) != 2:
+        return False
+    second = max(c.id for c in contractions)  # ids follow the bindings' (topological) order
+    tail = {second} | _descendants(graph, second, group)
+    for n in group:
+        t = graph.tensors[graph.nodes[n].outputs[0]]
+        if t.dtype != "float32":
+            return False
+        if n not in tail and (t.escapes or any(c not in group for c in t.consumers)):
+            return False
+    return True
 
 
 def _activation_matmul(graph: FusionGraph, node) -> bool:

@@ -26,6 +26,7 @@ from fusion_tvm.calibration.micro import (  # noqa: E402
 from fusion_tvm.calibration.report import median_ape, spearman  # noqa: E402
 from fusion_tvm.cost_models.hardware import HardwareSpec  # noqa: E402
 from fusion_tvm.cost_models.presets import get_hardware  # noqa: E402
+from fusion_tvm.targets import get_backend  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -161,12 +162,13 @@ def test_prediction_report_structure(quick):
     d = report.to_json()
     assert d["hardware"]["name"] == "host-calibrated"
     (model,) = d["models"]
-    assert model["model"] == "mlp" and model["kernels"] == len(d["kernels"]) >= 3
+    assert model["model"] == "mlp" and model["kernels"] == len(d["kernels"]) >= 1
     assert model["measured_s"] > 0 and model["measured_fuseops_s"] > 0
     assert model["predicted_speedup"] is not None and model["measured_speedup"] > 0
+    rules = {r.name for r in get_backend("llvm").schedule_rules(quick.spec)}
     for k in d["kernels"]:
         assert k["predicted_s"] > 0 and k["measured_s"] > 0
-        assert k["rule"] in RULES
+        assert k["rule"] in rules  # (the whole MLP: one staged_chain kernel)
     assert not model["skipped"]  # every kernel of the plan found in fused_mod and timed
     assert set(d["summary"]) >= {"spearman", "median_ape", "median_speedup_error"}
     assert "mlp" in report.table()

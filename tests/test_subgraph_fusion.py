@@ -48,6 +48,19 @@ def _siblings(bias_first: bool):
     return g.build()
 
 
+def _mlp(rows=16, sizes=(64, 128, 32)):
+    """x W1 + b1 -> ReLU -> W2 + b2: a chain of two weight matmuls."""
+    g = GraphBuilder("mlp_chain")
+    x = g.add_input("x", [rows, sizes[0]])
+    for k, (din, dout) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        x = g.op("Add", [g.op("MatMul", [x, g.normal((din, dout), 0.1, f"w{k}")]),
+                         g.normal((dout,), 0.1, f"b{k}")])
+        if k < len(sizes) - 2:
+            x = g.relu(x)
+    g.add_output(x)
+    return g.build()
+
+
 def _prologue():
     g = GraphBuilder("prologue")
     x = g.add_input("x", [64, 32])
@@ -71,6 +84,7 @@ KINDS = {
     "attention": (lambda: CASES["attention"](True), 1, 3),
     "prologue": (_prologue, 1, 2),
     "row_stages": (lambda: _norm_projection(64, decomposed=False, residual=False), 1, 2),
+    "mlp_chains": (_mlp, 1, 2),
 }
 
 
@@ -118,15 +132,18 @@ def test_weight_folding_removes_batchnorm_ops():
     _assert_same(off, ours, feeds)
 
 
-def test_attention_is_one_kernel_scheduled_by_the_attention_rule():
+@pytest.mark.parametrize("form,rule", [("online", "flash_attention"), ("rowwise", "attention")])
+def test_attention_is_one_kernel_scheduled_by_the_attention_rule(form, rule):
     from tvm import tirx
+
+    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
 
     for name in ("attention", "attention_causal"):
         model = CASES[name](True)
-        ours = _build(model)
+        ours = _build(model, target=LLVMCPUBackend(softmax=form))
         rules = [str(f.attrs["fusion_tvm.rule"]) for f in ours.fused_mod.functions.values()
                  if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs]
-        assert rules == ["attention"], name
+        assert rules == [rule], name
         _assert_same(ours, _build(model, fusion="none"), inputs(model, seed=3))
 
 
@@ -296,6 +313,45 @@ def test_roofline_prices_a_staged_norm_as_its_row_pass_plus_the_gemm():
     apart = model.estimate(graph, norm).time_s + model.estimate(graph, gemm).time_s
     assert merged.detail["rule"] == "matmul"
     assert merged.time_s == pytest.approx(apart - plan.cost_model_obj.hw.launch_overhead_s)
+
+
+def test_mlp_chain_is_one_kernel_of_stages_with_packed_weights():
+    """Three weight matmuls (ReLU between) as one ``staged_chain`` kernel: every weight
+    packed at compile time (no packing loop left in the kernel), equal to the unfused build
+    and to the build without the kind; a matmul of two run-time tensors never chains."""
+    from tvm import tirx
+
+    model = _mlp(rows=24, sizes=(48, 96, 64, 16))
+    ours = _build(model)
+    (func,) = [f for f in ours.fused_mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert str(func.attrs["fusion_tvm.rule"]) == "staged_chain"
+    assert "fusion_tvm.prepack" not in func.script()
+    assert sum("reindex" in p.name for p in func.params) == 3  # the three packed panels
+    feeds = inputs(model, seed=5)
+    _assert_same(ours, _build(model, fusion="none"), feeds)
+    off = _build(model, search=SearchConfig(kinds=FusionKinds(mlp_chains=False)))
+    assert off.num_kernels == 3
+    _assert_same(ours, off, feeds)
+
+
+def test_roofline_prices_a_chain_as_its_stages_in_one_launch():
+    """The chain's time is its stages' kernels with one launch: the stages' bodies, one
+    launch, the stages' fork/joins counted in one kernel."""
+    from fusion_tvm.chain_stages import chain_stages
+
+    plan, graph = _plan_graph(_mlp(rows=64, sizes=(256, 512, 256)))
+    model = plan.cost_model_obj
+    group = frozenset(graph.fusible_nodes)
+    stages = chain_stages(graph, group)
+    assert stages is not None and len(stages) == 2
+    assert all(sum(graph.nodes[n].is_contraction for n in st) == 1 for st in stages)
+    parts = [model.estimate(graph, st) for st in stages]
+    hw = model.hw
+    regions = sum(p.detail["parallel_regions"] for p in parts)
+    expect = sum(p.time_s - p.detail["launch_s"] for p in parts) + hw.launch_overhead_s + \
+        hw.parallel_cost(regions)
+    assert model.estimate(graph, group).time_s == pytest.approx(expect)
+    assert model.estimate(graph, group).time_s < sum(p.time_s for p in parts)
 
 
 def _projection_then_rows(rows, softmax: bool):

@@ -70,6 +70,11 @@ def _prims(cm) -> dict:
             if isinstance(f, tirx.PrimFunc)}
 
 
+def _rule(name: str, hw):
+    """The LLVM-CPU backend's schedule rule called ``name``."""
+    return next(r for r in fusion_tvm.get_backend("llvm").schedule_rules(hw) if r.name == name)
+
+
 def _db_with(parts, func, rule: str, knobs: dict) -> TuningDatabase:
     db = TuningDatabase()
     db.commit(TuningRecord(workload_key(func), target_key(parts.target), rule, knobs, 1.0, 1.0))
@@ -83,8 +88,7 @@ def test_matmul_knobs_compute_the_same_numbers(rows):
     mod, w = _linear_model(rows)
     parts, kernels = _fused_kernels(mod)
     (func,) = kernels.values()
-    rule = fusion_tvm.get_backend("llvm").schedule_rules(parts.hw)[2]
-    assert rule.name == "matmul"
+    rule = _rule("matmul", parts.hw)
     space = rule.knobs(func, parts.target, parts.hw)
     assert {"mr", "nr", "panel_outer"} <= set(space) and all(len(v) >= 2 for v in space.values())
     x = RNG.standard_normal((13, 40)).astype("float32")
@@ -132,7 +136,7 @@ def test_tune_writes_records_the_compile_uses(tmp_path):
 def test_conv_knobs_outside_the_register_budget_are_refused():
     mod = _conv_model()
     parts, kernels = _fused_kernels(mod)
-    rule = fusion_tvm.get_backend("llvm").schedule_rules(parts.hw)[1]
+    rule = _rule("conv2d_nchwc", parts.hw)
     dense = next(f for n, f in kernels.items() if "depthwise" not in n)
     space = rule.knobs(dense, parts.target, parts.hw)
     assert 14 in space["xr"] and 4 in space["fo"]

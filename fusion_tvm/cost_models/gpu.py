@@ -25,6 +25,15 @@ and enough thread blocks, so this model prices the kernel's *launch shape*:
   (:func:`split_launches`).
 
 time = launch + max(compute / util, memory / occupancy factor) + intermediates
+
+A backend whose rule makes a kernel these generic template guesses do not describe (the
+CUDA online-softmax attention) answers ``gpu_kernel(graph, group, rule, hw)`` with a
+:class:`GpuKernel`: its launch shape, on-chip intermediates, cache re-reads (added to the
+memory time at L2 bandwidth) and launches replace the guesses, and its contraction FLOPs
+are priced at the rule's efficiency relative to the matmul template's
+(:meth:`GpuCostModel.relative_efficiency`: the generic templates' contractions are priced
+at the raw tensor-core roofline, their efficiencies not applied). A :class:`GpuKernel`
+without a shape makes the group infeasible.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from ..graph import FusionGraph
 from ..legality import GroupKind, classify
 from ..tir_analysis import shape_elems
 from .base import Cost, register_cost_model
-from .hardware import GpuLimits, HardwareSpec
+from .hardware import GpuLimits, HardwareSpec, OpClass
 from .roofline import RooflineCostModel
 
 #: Occupancy (resident threads / max threads per SM) at which a streaming kernel reaches
@@ -69,6 +78,34 @@ class LaunchShape:
     threads: int
     registers: int
     smem_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuKernel:
+    """A backend's own account of the kernel its rule makes of a group.
+
+    Attributes
+    ----------
+    shape : LaunchShape or None
+        Grid and per-block resources; None when no template of the backend runs the group
+        as one kernel (the group is infeasible, ``reason`` says why).
+    onchip_bytes : float
+        The group's intermediates kept on chip, in place of the roofline's figure (an
+        online softmax keeps one tile of scores in registers: no rows of scores in cache).
+    reread_bytes : float
+        Bytes read again from cache beyond the one pass over the inputs the roofline
+        counts (K and V, once more per block of query rows).
+    launches : int
+        Kernel launches.
+    reason : str
+        Why the group is infeasible (with ``shape`` None).
+    """
+
+    shape: LaunchShape | None
+    onchip_bytes: float = 0.0
+    reread_bytes: float = 0.0
+    launches: int = 1
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -246,13 +283,48 @@ class GpuCostModel(RooflineCostModel):
         super().__init__(hw, backend)
         self.config = config or GpuTemplateConfig()
 
+    def relative_efficiency(self, rule: str, cls: str | None = None) -> float:
+        """``rule``'s efficiency over the matmul template's (``efficiency`` tables): this
+        model prices the generic templates' contractions at the raw tensor-core roofline,
+        so a kernel the backend describes is priced on the footing of the matmul it
+        replaces."""
+        return self.efficiency(rule, cls) / self.efficiency("matmul")
+
+    def cache_bandwidth(self, nbytes: float) -> float:
+        """Bandwidth of the first device-wide (shared) level holding ``nbytes`` (L2)."""
+        for lvl in self.hw.memory:
+            if lvl.shared and nbytes <= lvl.capacity_bytes:
+                return lvl.bandwidth_bytes_per_s
+        return self.hw.dram.bandwidth_bytes_per_s
+
     def _estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
         base = super()._estimate(graph, group)
         if not base.detail:  # barrier / view: no kernel
             return base
         gpu = self.hw.gpu
-        shape = launch_shape(graph, group, base.onchip_bytes, self.config)
+        rule = base.detail["rule"]
+        hook = getattr(self.backend, "gpu_kernel", None)
+        kernel = hook(graph, group, rule, self.hw) if callable(hook) else None
         detail = dict(base.detail)
+        if kernel is not None and kernel.shape is None:
+            return replace(base, time_s=math.inf, feasible=False, detail=detail,
+                           reason=kernel.reason)
+        compute_raw = base.detail["compute_s"]
+        if kernel is None:
+            shape = launch_shape(graph, group, base.onchip_bytes, self.config)
+            onchip, eff, reread_s = base.onchip_bytes, 1.0, 0.0
+            internal_s, launches = base.detail["internal_s"], 1 + split_launches(graph, group)
+        else:
+            shape, onchip, launches = kernel.shape, kernel.onchip_bytes, kernel.launches
+            eff = self.relative_efficiency(rule, base.detail.get("shape_class"))
+            contraction_s = sum(
+                f / self.hw.peak_flops[OpClass(c)]
+                for c, f in base.detail["flops_by_class"].items()
+                if OpClass(c) in (OpClass.MATMUL, OpClass.CONV))
+            compute_raw += contraction_s * (1.0 / eff - 1.0)
+            reread_s = kernel.reread_bytes / self.cache_bandwidth(kernel.reread_bytes)
+            internal_s = 0.0
+        base = replace(base, onchip_bytes=onchip)
         detail["launch_shape"] = shape
         if shape.smem_bytes > gpu.shared_memory_per_block:
             return replace(base, time_s=math.inf, feasible=False, detail=detail, reason=(
@@ -276,12 +348,13 @@ class GpuCostModel(RooflineCostModel):
         bw_factor = min(1.0, occupancy / OCCUPANCY_FOR_PEAK_BW)
         if shape.blocks < slots:  # the grid, not an SM resource, bounds the occupancy
             limiter = f"grid of {shape.blocks} < {slots} slots"
-        compute_s = base.detail["compute_s"] / util
-        memory_s = base.detail["memory_s"] / bw_factor
+        compute_s = compute_raw / util
+        memory_s = (base.detail["memory_s"] + reread_s) / bw_factor
         body = max(compute_s, memory_s)
-        launches = 1 + split_launches(graph, group)
-        time_s = launches * self.hw.launch_overhead_s + body + base.detail["internal_s"]
+        time_s = launches * self.hw.launch_overhead_s + body + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
+        if kernel is not None:
+            detail.update(internal_s=internal_s, efficiency=eff, reread_s=reread_s)
         detail.update(compute_s=compute_s, memory_s=memory_s, waves=waves, utilization=util,
                       launches=launches,
                       occupancy=occupancy, resident_blocks=resident, occupancy_limit=limiter)

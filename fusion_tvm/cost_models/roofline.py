@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from ..chain_stages import chain_stages
 from ..graph import FusionGraph, PatternKind
 from ..legality import GroupKind, classify, row_stage
 from ..tir_analysis import evaluate
@@ -273,6 +274,29 @@ class RooflineCostModel(CostModel):
             detail=detail,
         )
 
+    def _chained(self, graph: FusionGraph, stages: list[frozenset[int]]) -> Cost:
+        """A chain of weight matmuls run as one kernel of stages (``chain_stages``): each
+        stage as the kernel it would be alone, in one launch whose fork/joins are all the
+        stages' (a fork after the first finds the pool awake: ``parallel_region_s``). The
+        intermediates between stages move as between two kernels, through the level that
+        holds them; what the chain saves is launches and cold forks."""
+        costs = [self.estimate(graph, st) for st in stages]
+        regions = sum(int(c.detail.get("parallel_regions", 0)) for c in costs)
+        launch_s = self.hw.launch_overhead_s + self.hw.parallel_cost(regions)
+        body = [c.time_s - c.detail.get("launch_s", 0.0) for c in costs]
+        detail = dict(costs[-1].detail)
+        detail.update(parallel_regions=regions, launch_s=launch_s,
+                      stage_s=[round(b, 9) for b in body])
+        return Cost(
+            time_s=sum(body) + launch_s,
+            dram_bytes=sum(c.dram_bytes for c in costs),
+            onchip_bytes=sum(c.onchip_bytes for c in costs),
+            flops=sum(c.flops for c in costs),
+            feasible=all(c.feasible for c in costs),
+            reason=f"{len(stages)} staged matmuls ({costs[0].reason.split(' (')[0]} first)",
+            detail=detail,
+        )
+
     def _estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
         hw = self.hw
         dims = graph.dims
@@ -283,6 +307,9 @@ class RooflineCostModel(CostModel):
             return Cost(0.0, reason="view (reshape, no kernel)")
 
         # Multiplicity of each member: inlined producers run once per read.
+        stages = chain_stages(graph, group)
+        if stages is not None:
+            return self._chained(graph, stages)
         rule = rule_for_group(graph, group, self.backend)
         # The reduction rule runs the chain row by row: a producer of a reduction stays a
         # block whose row is kept in cache (not inlined, runs once), and a per-row value

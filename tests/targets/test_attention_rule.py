@@ -1,8 +1,10 @@
-"""The LLVM-CPU attention rule with a symbolic sequence length.
+"""The LLVM-CPU attention rules with a symbolic sequence length.
 
-One dynamic build per mask kind, scheduled by the attention rule (not the fallback), run at
-sequence lengths that are and are not multiples of the row block (4) and the SIMD width,
-against the unfused, unscheduled build.
+One dynamic build per mask kind and softmax form, scheduled by the attention rule of that
+form (the online-softmax ``flash_attention`` by default, the row-wise ``attention`` with
+``LLVMCPUBackend(softmax="rowwise")``; not the fallback), run at sequence lengths that are
+and are not multiples of the row block (4) and the SIMD width, against the unfused,
+unscheduled build.
 """
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 
 import fusion_tvm
 from benchmarks.zoo.builder import GraphBuilder
+from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
 
 HW = "ci-x86-avx2"
 HEADS, DH = 2, 16
@@ -46,14 +49,20 @@ def _rules(cm) -> list[str]:
             if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs]
 
 
+#: Softmax form of the backend -> the rule that schedules the attention kernel.
+FORMS = {"online": "flash_attention", "rowwise": "attention"}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("causal", [False, True], ids=["padding", "causal"])
-def test_symbolic_sequence_matches_unfused(causal):
+def test_symbolic_sequence_matches_unfused(causal, form):
     model = _attention("S", causal)
     hints = {"S": (1, 256)}
-    ours = fusion_tvm.compile(model, hw=HW, shape_hints=hints)
+    ours = fusion_tvm.compile(model, target=LLVMCPUBackend(softmax=form), hw=HW,
+                              shape_hints=hints)
     ref = fusion_tvm.compile(model, hw=HW, shape_hints=hints, fusion="none", schedule=False)
     assert ours.num_kernels == 1
-    assert _rules(ours) == ["attention"]
+    assert _rules(ours) == [FORMS[form]]
     for seq in SIZES:
         feeds = _feeds(seq, causal)
         (got,), (want,) = ours.run(feeds), ref.run(feeds)

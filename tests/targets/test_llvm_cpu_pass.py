@@ -65,8 +65,10 @@ def test_backend_registered():
     assert rules[-1] == "fallback"
     # most specific first: the chained-contraction and blocked-layout templates before the
     # generic matmul / conv ones, the catch-all last
-    assert rules == ["attention", "conv2d_nchwc", "matmul", "conv2d", "reduction",
-                     "elementwise", "fallback"]
+    assert rules == ["flash_attention", "attention", "staged_chain", "conv2d_nchwc", "matmul",
+                     "conv2d", "reduction", "elementwise", "fallback"]
+    rowwise = [r.name for r in LLVMCPUBackend(softmax="rowwise").schedule_rules(HW)]
+    assert rowwise == rules[1:]
 
 
 def test_input_not_mutated_and_attrs_set():

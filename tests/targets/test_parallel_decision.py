@@ -141,11 +141,12 @@ def test_model_regions_equal_scheduled_parallel_loops(model, overhead_s):
     checked = []
     for k in plan_kernels(cm):
         if k.func is None or k.rule not in ("matmul", "elementwise", "reduction", "attention",
-                                            "conv2d", "conv2d_nchwc"):
+                                            "flash_attention", "staged_chain", "conv2d",
+                                            "conv2d_nchwc"):
             continue
         checked.append((k.func_name, parallel_loops(k.func),
                         int(k.detail.get("parallel_regions", -1))))
-    assert len(checked) >= 3
+    assert checked  # (a whole MLP is one staged kernel)
     assert [c for c in checked if c[1] != c[2]] == [], checked
     if overhead_s is not None:
         assert sum(c[1] for c in checked) >= 3  # the cheap fork/join parallelises kernels

@@ -7,6 +7,9 @@ fused PrimFunc with the first rule that takes it:
 =================  =====================================================================
 rule               what
 =================  =====================================================================
+flash_attention    ours (:class:`FlashAttention`): the whole ``softmax(Q K^T) V`` chain as
+                   one online-softmax kernel, a thread per query row, K / V tiles in
+                   shared memory
 matmul             dlight ``Matmul``: shared-memory tiled matmul / conv, fused epilogue
 gemv               dlight ``GEMV``
 reduction          dlight ``Reduction`` (also batch-1 fully connected layers)
@@ -30,7 +33,8 @@ from .backend import CUDABackend, cuda_target
 from .contraction import SimtContraction
 from .dlight_rules import DlightRule
 from .fallback import BindThreads
+from .flash_attention import FlashAttention
 from .reduction import RowReduction
 
-__all__ = ["BindThreads", "CUDABackend", "DlightRule", "RowReduction", "SimtContraction",
-           "cuda_target"]
+__all__ = ["BindThreads", "CUDABackend", "DlightRule", "FlashAttention", "RowReduction",
+           "SimtContraction", "cuda_target"]

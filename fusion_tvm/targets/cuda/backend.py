@@ -18,6 +18,7 @@ from . import dlight_rules as dr
 from .contraction import SimtContraction
 from .efficiency import EFFICIENCY
 from .fallback import BindThreads
+from .flash_attention import FlashAttention, flash_group, flash_kernel
 from .reduction import RowReduction
 
 #: Static shared memory a kernel may declare without the dynamic opt-in (CUDA's 48 KiB).
@@ -83,19 +84,29 @@ class CUDABackend(Backend):
     @property
     def template_limits(self):
         """One contraction per kernel (dlight's matmul takes prologue / epilogue only);
-        reductions never join a contraction; groups stay small enough for registers."""
+        reductions never join a contraction, except in the whole float32 attention chain
+        (``flash_attention.py``, any row count); groups stay small enough for registers.
+
+        Legality admits parts of attention chains too (``TemplateLimits.attention``); no
+        template here runs one, so :meth:`gpu_kernel` makes them infeasible."""
         from ...legality import TemplateLimits
 
         return TemplateLimits(max_contractions=1, contraction_with_reduction=False,
-                              max_nodes=32)
+                              max_nodes=32, attention=True, online_softmax=True)
 
     def rule_for_group(self, graph, group) -> str | None:
         """The rule the list below will pick for the fused PrimFunc of ``group``."""
         return gpu_rule_for_group(graph, group)
 
+    def gpu_kernel(self, graph, group, rule: str, hw: HardwareSpec):
+        """The flash kernel's launch for the ``gpu`` cost model (``flash_attention.py``);
+        infeasible for a part of an attention chain; None (the generic guess) otherwise."""
+        return flash_kernel(graph, group, rule, hw)
+
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`BindThreads` matches anything."""
         return (
+            FlashAttention(),
             dr.dlight_matmul(),
             dr.dlight_gemv(),
             dr.dlight_reduction(),
@@ -112,6 +123,8 @@ class CUDABackend(Backend):
 def gpu_rule_for_group(graph, group) -> str:
     """Rule name for ``group``: what the rule list takes, from the graph alone.
 
+    * the whole float32 attention chain with head dims that fit one thread is the
+      online-softmax kernel (:func:`~.flash_attention.flash_group`);
     * a contraction whose output is one row (batch-1 fully connected) is a matrix-vector
       product, which dlight's Matmul declines and its Reduction rule schedules;
     * a contraction group publishing several tensors (a fused QKV projection sliced into
@@ -124,6 +137,8 @@ def gpu_rule_for_group(graph, group) -> str:
 
     kind = template_kind(graph, group)
     nodes = [graph.nodes[i] for i in sorted(group)]
+    if kind is GroupKind.CONTRACTION and flash_group(graph, group) is not None:
+        return FlashAttention.name
     if kind is GroupKind.CONTRACTION:
         anchor = next(n for n in nodes if is_true_contraction(n))
         shape = graph.tensors[anchor.outputs[0]].shape

@@ -18,6 +18,8 @@ import numpy as np
 import tvm
 from tvm import tirx
 
+from ...tir_expr import free_vars, substitute
+
 _THREAD = re.compile(r', thread="[^"]+"')
 _GPU_SCOPE = re.compile(r'scope="(?:shared|shared\.dyn|local|warp)"')
 
@@ -37,14 +39,30 @@ def _build_cpu(func: tirx.PrimFunc):
     return tvm.tirx.build(tvm.IRModule({"main": func}), target="llvm")["main"]
 
 
-def random_args(func: tirx.PrimFunc, seed: int = 0) -> list[np.ndarray] | None:
-    """Random arrays for the parameters of ``func`` (None when a shape is symbolic)."""
+def _static_shape(param, dims: dict[str, int] | None) -> tuple[int, ...] | None:
+    """The shape of ``param`` with the symbolic vars named in ``dims`` bound; None when a
+    dim stays symbolic."""
+    shape = []
+    for d in param.shape:
+        if not isinstance(d, tirx.IntImm) and dims:
+            bound = {v: tirx.IntImm(v.ty, dims[v.name]) for v in free_vars(d) if v.name in dims}
+            d = tvm.sym.Analyzer().simplify(substitute(d, bound))
+        if not isinstance(d, tirx.IntImm):
+            return None
+        shape.append(int(d))
+    return tuple(shape)
+
+
+def random_args(func: tirx.PrimFunc, seed: int = 0,
+                dims: dict[str, int] | None = None) -> list[np.ndarray] | None:
+    """Random arrays for the parameters of ``func`` (None when a shape is symbolic and
+    ``dims``, symbolic var name -> value, does not bind it)."""
     rng = np.random.default_rng(seed)
     args = []
     for param in func.params:
-        if not all(isinstance(d, tirx.IntImm) for d in param.shape):
+        shape = _static_shape(param, dims)
+        if shape is None:
             return None
-        shape = tuple(int(d) for d in param.shape)
         dtype = str(param.dtype)
         if "float" in dtype:
             args.append(rng.standard_normal(shape).astype(dtype))
@@ -63,9 +81,13 @@ class ScheduleCheck:
 
 
 def check_schedule(original: tirx.PrimFunc, scheduled: tirx.PrimFunc, seed: int = 0,
-                   rtol: float = 1e-4, atol: float = 1e-4) -> ScheduleCheck:
-    """Run ``original`` and the serialised ``scheduled`` on the CPU; compare every buffer."""
-    args = random_args(original, seed)
+                   rtol: float = 1e-4, atol: float = 1e-4,
+                   dims: dict[str, int] | None = None) -> ScheduleCheck:
+    """Run ``original`` and the serialised ``scheduled`` on the CPU; compare every buffer.
+
+    A function with symbolic shapes runs at ``dims`` (symbolic var name -> value); without
+    them it is skipped."""
+    args = random_args(original, seed, dims)
     if args is None:
         return ScheduleCheck(True, skipped="symbolic shape")
     ref = [tvm.runtime.tensor(a.copy()) for a in args]

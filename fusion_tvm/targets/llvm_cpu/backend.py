@@ -17,12 +17,16 @@ from .conv2d_nchwc import Conv2dNCHWc
 from .efficiency import EFFICIENCY
 from .elementwise import Elementwise
 from .fallback import Fallback
+from .flash_attention import FlashAttention
 from .matmul import Matmul
 from .parallel import conv_kernel, group_parallel_regions
 from .reduction import Reduction
+from .staged_chain import StagedChain
 
 #: Activation layouts for convolutions: blocked NCHW[b]c, or the model's own.
 LAYOUTS = ("nchwc", "native")
+#: Softmax forms of the attention template: online over key blocks, or whole rows.
+SOFTMAX_FORMS = ("online", "rowwise")
 
 
 @register_backend("llvm")
@@ -31,13 +35,20 @@ class LLVMCPUBackend(Backend):
 
     default_hardware = "host"
 
-    def __init__(self, layout: str = "nchwc"):
+    def __init__(self, layout: str = "nchwc", softmax: str = "online"):
         """``layout="nchwc"`` converts convolutions to a blocked layout
         (:class:`~fusion_tvm.passes.cpu_layout.ConvertToNCHWc`); ``"native"`` keeps the
-        model's NCHW. Pass ``target=LLVMCPUBackend(layout="native")`` to ``compile``."""
+        model's NCHW. ``softmax="online"`` runs float32 attention chains with the
+        online-softmax template (:class:`.FlashAttention`), ``"rowwise"`` with whole rows
+        of scores (:class:`.Attention`) only. Pass e.g.
+        ``target=LLVMCPUBackend(layout="native")`` to ``compile``."""
         if layout not in LAYOUTS:
             raise UnknownNameError(f"unknown layout '{layout}'; known: {', '.join(LAYOUTS)}")
+        if softmax not in SOFTMAX_FORMS:
+            raise UnknownNameError(
+                f"unknown softmax form '{softmax}'; known: {', '.join(SOFTMAX_FORMS)}")
         self.layout = layout
+        self.softmax = softmax
 
     def layout_passes(self, hw: HardwareSpec | None = None) -> list:
         """The NCHWc conversion, blocked to the SIMD width of ``hw`` (fp32 lanes)."""
@@ -52,8 +63,11 @@ class LLVMCPUBackend(Backend):
     @property
     def template_limits(self) -> TemplateLimits:
         """One contraction per group (with a norm or softmax before or after it as a staged
-        row pass, ``matmul.py``), or an attention chain (see ``attention.py``)."""
-        return TemplateLimits(row_stage=True, attention=True)
+        row pass, ``matmul.py``), an attention chain (``flash_attention.py`` for the
+        whole float32 chain, any row count; ``attention.py`` otherwise), or a chain of
+        weight matmuls as stages of one kernel (``staged_chain.py``)."""
+        return TemplateLimits(row_stage=True, attention=True,
+                              online_softmax=self.softmax == "online", staged_chains=True)
 
     @property
     def rule_efficiency(self) -> dict[str, float]:
@@ -81,5 +95,6 @@ class LLVMCPUBackend(Backend):
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""
-        return (Attention(), Conv2dNCHWc(), Matmul(), Conv2d(), Reduction(), Elementwise(),
-                Fallback())
+        online = (FlashAttention(),) if self.softmax == "online" else ()
+        single = (Conv2dNCHWc(), Matmul(), Conv2d(), Reduction(), Elementwise(), Fallback())
+        return (*online, Attention(), StagedChain(single), *single)

@@ -43,4 +43,6 @@ EFFICIENCY: dict[str, float] = {
     # keep the table complete for code that looks rules up by their own name.
     "conv2d_nchwc": 1.26,
     "attention": 1.31,
+    "flash_attention": 1.31,
+    "staged_chain": 1.31,  # priced stage by stage (``RooflineCostModel._chained``)
 }
