@@ -82,6 +82,9 @@ class TemplateLimits:
     staged_chains : bool
         A chain of weight matmuls (an MLP) may be one kernel of stages, one per matmul
         (:mod:`~fusion_tvm.chain_stages`), each stage a group these limits allow on its own.
+    attention_parts : bool
+        With ``attention``: the templates also take a contiguous part of the chain (``Q K^T``
+        with its softmax, the softmax with ``P V``), not only the whole of it.
     """
 
     max_contractions: int = 1
@@ -91,6 +94,7 @@ class TemplateLimits:
     attention: bool = False
     online_softmax: bool = False
     staged_chains: bool = False
+    attention_parts: bool = True
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,9 @@ def check_templates(
     side, staged = row_stage(graph, group) if limits.row_stage else ("", set())
     if limits.attention and len(contractions) <= 2 and any(n.is_reduction for n in nodes) \
             and attention_chain(graph, group):
+        if not limits.attention_parts and len(contractions) != 2:
+            return FusionDecision.forbid(
+                "the target's attention template takes the whole softmax(Q K^T) V chain only")
         rows = graph.tensors[contractions[0].outputs[0]].shape[-2:-1]
         static = [int(r) for r in rows if isinstance(r, int) or hasattr(r, "value")]
         if not static or static[0] % ATTENTION_ROW_BLOCK == 0:

@@ -159,19 +159,82 @@ def exact_partition(
 
 
 # ------------------------------------------------------------------------ greedy
+#: Nodes between two contractions a seed may hold (a softmax with its scale and mask, an
+#: activation and a norm); longer paths are left to pairwise merging.
+MAX_SEED_NODES = 24
+
+
+def chain_seeds(graph: FusionGraph, model: CostModel,
+                config: SearchConfig) -> list[frozenset[int]]:
+    """Groups spanning two contractions and every node on the paths between them, for the
+    greedy search to start from: pairwise merging reaches such a group only through its
+    parts, which a target may not take (a GPU runs ``softmax(Q K^T) V`` as one online-softmax
+    kernel, but has no template for ``Q K^T`` with its softmax alone). Legal, feasible,
+    predicted faster than their members apart; disjoint, the largest gain first."""
+    fusible = frozenset(graph.fusible_nodes)
+    candidates = []
+    for c1 in sorted(fusible):
+        if not graph.nodes[c1].is_contraction:
+            continue
+        # Walk down from c1 through non-contractions; the contractions met end the walk.
+        between: set[int] = set()
+        reached: set[int] = set()
+        stack = [s for s in graph.succs[c1] if s in fusible]
+        while stack and len(between) <= MAX_SEED_NODES:
+            u = stack.pop()
+            if u in between or u in reached:
+                continue
+            if graph.nodes[u].is_contraction:
+                reached.add(u)
+                continue
+            between.add(u)
+            stack.extend(s for s in graph.succs[u] if s in fusible)
+        if len(between) > MAX_SEED_NODES:
+            continue
+        for c2 in sorted(reached):
+            path = reachable(graph.preds, c2, frozenset(between))
+            group = frozenset({c1, c2} | path)
+            if not _acceptable(graph, group, model, config):
+                continue
+            apart = sum(model.estimate(graph, frozenset([n])).time_s for n in group)
+            gain = apart - model.estimate(graph, group).time_s
+            if gain > 0:
+                candidates.append((-round(gain, 12), min(group), group))
+    seeds: list[frozenset[int]] = []
+    taken: set[int] = set()
+    for _, _, group in sorted(candidates):
+        if not group & taken and quotient_is_acyclic(graph, [*seeds, group]):
+            seeds.append(group)
+            taken |= group
+    return seeds
+
+
 def greedy_partition(
     graph: FusionGraph, model: CostModel, config: SearchConfig | None = None
 ) -> list[frozenset[int]]:
     """Priority merging of producer/consumer groups by predicted gain."""
     config = config or SearchConfig()
     n = len(graph.nodes)
-    members: dict[int, frozenset[int]] = {i: frozenset([i]) for i in range(n)}
-    version = dict.fromkeys(range(n), 0)
-    estimates = {i: model.estimate(graph, members[i]) for i in range(n)}
-    cost = {i: e.time_s for i, e in estimates.items()}
-    work = {i: e.flops for i, e in estimates.items()}
-    g_succ = {i: set(graph.succs[i]) for i in range(n)}
-    g_pred = {i: set(graph.preds[i]) for i in range(n)}
+    # Start from the chain seeds, every other node alone; a group is named by an id
+    # (a node's for a singleton), its edges are its members' edges between groups.
+    members: dict[int, frozenset[int]] = {}
+    owner: dict[int, int] = {}
+    next_id = n
+    seeded = chain_seeds(graph, model, config)
+    for seed in seeded:
+        members[next_id] = seed
+        owner.update(dict.fromkeys(seed, next_id))
+        next_id += 1
+    for i in range(n):
+        if i not in owner:
+            members[i] = frozenset([i])
+            owner[i] = i
+    version = dict.fromkeys(members, 0)
+    estimates = {g: model.estimate(graph, m) for g, m in members.items()}
+    cost = {g: e.time_s for g, e in estimates.items()}
+    work = {g: e.flops for g, e in estimates.items()}
+    g_succ = {g: {owner[s] for u in m for s in graph.succs[u]} - {g} for g, m in members.items()}
+    g_pred = {g: {owner[p] for u in m for p in graph.preds[u]} - {g} for g, m in members.items()}
     heap: list = []
 
     def push(a: int, b: int) -> None:
@@ -206,10 +269,9 @@ def greedy_partition(
                     stack.append(v)
         return False
 
-    for a in range(n):
+    for a in sorted(members):
         for b in sorted(g_succ[a]):
             push(a, b)
-    next_id = n
     while heap:
         _, _, _, a, b, va, vb = heapq.heappop(heap)
         if a not in members or b not in members or version[a] != va or version[b] != vb:
@@ -287,6 +349,7 @@ def singletons(graph: FusionGraph) -> list[frozenset[int]]:
 __all__ = [
     "SearchConfig",
     "brute_force_partition",
+    "chain_seeds",
     "exact_partition",
     "greedy_partition",
     "search_partition",

@@ -182,11 +182,13 @@ def test_rules_schedule_fused_groups_dlight_declines():
     b = build_cuda(zoo.get_model("gpt2_2l", small=True), hw="a100")
     rules = b.rules
     assert set(rules.values()) <= {"matmul", "gemv", "reduction", "row_reduction",
-                                   "contraction", "transpose", "elementwise", "fallback"}
+                                   "contraction", "transpose", "elementwise", "fallback",
+                                   "flash_attention"}
+    assert "flash_attention" in rules.values()  # the whole attention chain: one kernel
     ln = [name for name in rules if "add" in name and name.endswith("layer_norm")]
     assert ln and all(rules[name] == "row_reduction" for name in ln)
     assert "fallback" not in rules.values()
-    assert sum(r == "matmul" for r in rules.values()) >= 4
+    assert sum(r == "matmul" for r in rules.values()) >= 3  # weight matmuls (Q K^T, P V: flash)
     # The cost model priced each group with the rule that then scheduled it.
     checked = 0
     for g in b.plan.groups:
@@ -195,7 +197,7 @@ def test_rules_schedule_fused_groups_dlight_declines():
         if actual:
             checked += 1
             assert actual[0] == g.rule, (name, g.rule, actual[0])
-    assert checked >= 10
+    assert checked >= 9
 
 
 def test_contraction_rule_takes_conv_with_epilogue(tmp_path):

@@ -85,14 +85,14 @@ class CUDABackend(Backend):
     def template_limits(self):
         """One contraction per kernel (dlight's matmul takes prologue / epilogue only);
         reductions never join a contraction, except in the whole float32 attention chain
-        (``flash_attention.py``, any row count); groups stay small enough for registers.
-
-        Legality admits parts of attention chains too (``TemplateLimits.attention``); no
-        template here runs one, so :meth:`gpu_kernel` makes them infeasible."""
+        (``flash_attention.py``, any row count; parts of the chain are refused by legality,
+        ``attention_parts=False``, and a whole chain the template declines is made
+        infeasible by :meth:`gpu_kernel`); groups stay small enough for registers."""
         from ...legality import TemplateLimits
 
         return TemplateLimits(max_contractions=1, contraction_with_reduction=False,
-                              max_nodes=32, attention=True, online_softmax=True)
+                              max_nodes=32, attention=True, online_softmax=True,
+                              attention_parts=False)
 
     def rule_for_group(self, graph, group) -> str | None:
         """The rule the list below will pick for the fused PrimFunc of ``group``."""
