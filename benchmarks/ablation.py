@@ -147,7 +147,14 @@ def load(name: str, small: bool = False):
 
 
 def variants(case: bool = False) -> dict[str, dict]:
-    out = {"fuseops": {"fusion": "fuseops"}, "ours": {"fusion": "cost"}}
+    """FuseOps's partition, ours, ours with the row-wise attention template instead of the
+    online-softmax one (a schedule choice, ``LLVMCPUBackend(softmax="rowwise")``), and ours
+    with each fusion kind switched off (and the unfused build for the small cases)."""
+    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+
+    out = {"fuseops": {"fusion": "fuseops"}, "ours": {"fusion": "cost"},
+           "ours rowwise-softmax": {"fusion": "cost",
+                                    "target": LLVMCPUBackend(softmax="rowwise")}}
     if case:
         out["unfused"] = {"fusion": "none"}
     for kind in KINDS:

@@ -334,6 +334,27 @@ def test_mlp_chain_is_one_kernel_of_stages_with_packed_weights():
     _assert_same(ours, off, feeds)
 
 
+@pytest.mark.parametrize("decomposed", [False, True])
+def test_chain_through_a_layer_norm_is_staged_not_fallback(decomposed):
+    """Projection, residual, layer norm, FFN with a tanh GELU (GPT-2's block tail): the
+    norm's variance sum multiplies two run-time values and must not be taken for a matmul
+    of the chain (it was: the rule declined and the fallback ran the kernel 100x slower)."""
+    from tvm import tirx
+
+    g = GraphBuilder("post_attention")
+    x, r = g.add_input("x", [1, 8, 32]), g.add_input("r", [1, 8, 32])
+    t = g.op("Add", [g.op("MatMul", [x, g.normal((32, 32), 0.1, "wo")]), r])
+    t = g.layernorm(t, 32, decomposed=decomposed)
+    h = g.gelu_tanh(g.op("MatMul", [t, g.normal((32, 64), 0.1, "w1")]))
+    g.add_output(g.op("Add", [g.op("MatMul", [h, g.normal((64, 32), 0.1, "w2")]), t]))
+    model = g.build()
+    ours = _build(model)
+    rules = [str(f.attrs["fusion_tvm.rule"]) for f in ours.fused_mod.functions.values()
+             if isinstance(f, tirx.PrimFunc)]
+    assert rules == ["staged_chain"] and ours.num_kernels == 1, rules
+    _assert_same(ours, _build(model, fusion="none"), inputs(model, seed=6))
+
+
 def test_roofline_prices_a_chain_as_its_stages_in_one_launch():
     """The chain's time is its stages' kernels with one launch: the stages' bodies, one
     launch, the stages' fork/joins counted in one kernel."""

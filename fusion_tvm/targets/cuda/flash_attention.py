@@ -53,6 +53,7 @@ from ...cost_models.hardware import HardwareSpec
 from ...online_softmax import AttentionForm, match_attention
 from ...tir_expr import equal, free_vars, loads, replace_loads, substitute
 from ..base import ScheduleRule
+from ..tir_writer import TirWriter, block_name, seq, static_int
 from .verify import lowers
 
 logger = logging.getLogger(__name__)
@@ -187,9 +188,9 @@ class FlashAttention(ScheduleRule):
         form = match_attention(func)
         if form is None:
             return None
-        rows = [_static(e) for e in form.row_extents]
+        rows = [static_int(e) for e in form.row_extents]
         tiles = flash_tiles(form.red_extent, form.col_extent, smem_limit(target, hw),
-                            rows[-1], _static(form.key_extent),
+                            rows[-1], static_int(form.key_extent),
                             None if None in rows else math.prod(rows),
                             hw.gpu.sm_count if hw.gpu else 0, self.rows, self.key_tile)
         if tiles is None:
@@ -221,26 +222,6 @@ def _bind_spatial(sch: s_tir.Schedule, block) -> None:
     bx, tx = sch.split(fused, factors=[None, EPILOGUE_THREADS])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
-
-
-def _seq(*stmts):
-    """One statement of ``stmts`` (Nones dropped, nested sequences flattened)."""
-    flat = []
-    for s in stmts:
-        if s is not None:
-            flat.extend(s.seq if isinstance(s, tirx.SeqStmt) else [s])
-    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
-
-
-def _block_name(stmt) -> str | None:
-    """Name of the block a root loop nest computes."""
-    while isinstance(stmt, tirx.For):
-        stmt = stmt.body
-    return stmt.block.name_hint if isinstance(stmt, s_tir.SBlockRealize) else None
-
-
-def _static(extent) -> int | None:
-    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
 
 
 def _along(term, var) -> bool:
@@ -309,7 +290,7 @@ def _zero(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr.value) == 0
 
 
-class _Kernel:
+class _Kernel(TirWriter):
     """Writes the CUDA online-softmax PrimFunc of one :class:`AttentionForm`.
 
     Thread ``tx`` of a block serves query row ``tx % rows`` of the block's tile as key
@@ -320,22 +301,20 @@ class _Kernel:
     CORE = "flash_attention"
 
     def __init__(self, form: AttentionForm, tiles: FlashTiles):
+        super().__init__(form.rows[0].ty, form.dtype)
         self.form = form
-        self.ity = form.rows[0].ty
-        self.dtype = form.dtype
         self.batch, self.query = form.rows[:-1], form.rows[-1]
         self.batch_ext, self.sq = form.row_extents[:-1], form.row_extents[-1]
         self.sk, self.dk, self.dv = form.key_extent, form.red_extent, form.col_extent
-        sq, sk = _static(self.sq), _static(self.sk)
+        sq, sk = static_int(self.sq), static_int(self.sk)
         self.br, self.lanes, self.bc = tiles.rows, tiles.lanes, tiles.keys
         self.nt = tiles.threads
         self.sub = self.bc // self.lanes  # keys of a tile per lane
         self.clamp_rows = sq is None or sq % self.br != 0
         self.masked = sk is None or sk % self.bc != 0
-        self._names: dict[str, int] = {}
         self.fold = _fold_epilogue(form)
         self.epilogue = () if self.fold is not None else form.epilogue
-        self.epilogue_names = [n for n in map(_block_name, self.epilogue) if n]
+        self.epilogue_names = [n for n in map(block_name, self.epilogue) if n]
         # A tile filled along the keys (K read transposed): the threads store down its
         # columns; one float of padding per row keeps those stores off a single bank.
         self.k_along_keys = _along(form.k_term, form.key)
@@ -360,36 +339,17 @@ class _Kernel:
         self.vq = tirx.Var("vq", self.ity)
 
     # -------------------------------------------------------------------------- helpers
-    def c(self, value: int):
-        return tirx.IntImm(self.ity, value)
-
-    def f(self, value: float):
-        return tirx.FloatImm(self.dtype, value)
-
-    def _var(self, name: str) -> tirx.Var:
-        self._names[name] = self._names.get(name, -1) + 1
-        return tirx.Var(f"{name}{self._names[name] or ''}", self.ity)
-
     def loop(self, name: str, extent, body_fn, kind=_UNROLL):
-        var = self._var(name)
-        extent = self.c(extent) if isinstance(extent, int) else extent
-        return tirx.For(var, self.c(0), extent, kind, body_fn(var))
+        """A loop, unrolled unless said otherwise (per-thread register arrays)."""
+        return super().loop(name, extent, body_fn, kind)
 
     def threads(self, body_fn):
         """One phase: ``body_fn(tx)`` on every thread of the block."""
-        var = self._var("tx")
+        var = self.var("tx")
         dom = tvm.ir.Range.from_min_extent(self.c(0), self.c(self.nt))
         binding = tirx.IterVar(dom, var, tirx.IterVar.ThreadIndex, "threadIdx.x")
         return tirx.For(var, self.c(0), self.c(self.nt), tirx.ForKind.THREAD_BINDING,
                         body_fn(var), thread_binding=binding)
-
-    @staticmethod
-    def ld(buf, idx):
-        return tirx.BufferLoad(buf, idx)
-
-    @staticmethod
-    def st(buf, value, idx):
-        return tirx.BufferStore(buf, value, idx)
 
     def local_row(self, tx):
         """Row of the block's tile thread ``tx`` serves."""
@@ -431,7 +391,7 @@ class _Kernel:
                 [tx, k]))
             zero = self.loop("d", self.dv, lambda d: st(self.acc, self.f(0.0), [tx, d]))
             start = form.max_init if self.lanes == 1 else tirx.Max(form.max_init, lowest)
-            return _seq(q, zero, st(self.state, start, [tx, c(0)]),
+            return seq(q, zero, st(self.state, start, [tx, c(0)]),
                         st(self.state, self.f(0.0), [tx, c(1)]))
         return self.threads(body)
 
@@ -462,7 +422,7 @@ class _Kernel:
                                  self.k_along_keys, form.red)
         v_body = self._load_tile(j0, self.v_tile, self.v_stride, form.v_term, self.dv,
                                  self.v_along_keys, form.col)
-        return self.threads(lambda tx: _seq(k_body(tx), v_body(tx)))
+        return self.threads(lambda tx: seq(k_body(tx), v_body(tx)))
 
     def _compute(self, j0):
         form, ld, st, c = self.form, self.ld, self.st, self.c
@@ -482,22 +442,22 @@ class _Kernel:
                                             form.acc: ld(sc, [tx, jj])})
                 if self.masked:
                     s = tirx.Select(j0 + t < self.sk, s, neg_inf)
-                return _seq(st(sc, self.f(0.0), [tx, jj]), dot, st(sc, s, [tx, jj]))
+                return seq(st(sc, self.f(0.0), [tx, jj]), dot, st(sc, s, [tx, jj]))
             m_old, m_new, alpha, total = (ld(state, self.s(tx, i)) for i in (0, 2, 3, 4))
-            tile_max = _seq(
+            tile_max = seq(
                 st(state, m_old, self.s(tx, 2)),
                 self.loop("j", sub, lambda jj: st(
                     state, tirx.Max(ld(state, self.s(tx, 2)), ld(sc, [tx, jj])),
                     self.s(tx, 2))))
-            rescale = _seq(st(state, form.exp(m_old - m_new), self.s(tx, 3)),
+            rescale = seq(st(state, form.exp(m_old - m_new), self.s(tx, 3)),
                            st(state, m_new, self.s(tx, 0)))
-            exps = _seq(
+            exps = seq(
                 st(state, self.f(0.0), self.s(tx, 4)),
-                self.loop("j", sub, lambda jj: _seq(
+                self.loop("j", sub, lambda jj: seq(
                     st(sc, ld(sc, [tx, jj]) - m_new, [tx, jj]),
                     st(sc, form.exp(ld(sc, [tx, jj])), [tx, jj]),
                     st(state, total + ld(sc, [tx, jj]), self.s(tx, 4)))))
-            update = _seq(
+            update = seq(
                 st(state, ld(state, self.s(tx, 1)) * alpha + total, self.s(tx, 1)),
                 self.loop("d", self.dv, lambda d: st(
                     self.acc, ld(self.acc, [tx, d]) * alpha, [tx, d])))
@@ -505,7 +465,7 @@ class _Kernel:
                 self.acc, ld(self.acc, [tx, d])
                 + ld(sc, [tx, jj]) * ld(self.v_tile, self.at(self.v_stride, first + jj, d)),
                 [tx, d])))
-            return _seq(self.loop("j", sub, qk), tile_max, rescale, exps, update, pv)
+            return seq(self.loop("j", sub, qk), tile_max, rescale, exps, update, pv)
         return self.threads(body)
 
     def _merge_lanes(self):
@@ -521,7 +481,7 @@ class _Kernel:
         for lane in range(1, self.lanes):
             def publish(tx, lane=lane):
                 r = self.local_row(tx)
-                body = _seq(
+                body = seq(
                     self.loop("d", dv, lambda d: st(mg, ld(self.acc, [tx, d]), at(r, d))),
                     st(mg, ld(state, self.s(tx, 0)), at(r, dv)),
                     st(mg, ld(state, self.s(tx, 1)), at(r, dv + 1)))
@@ -531,7 +491,7 @@ class _Kernel:
                 r = self.local_row(tx)
                 m_old, m_in = ld(state, self.s(tx, 0)), ld(mg, at(r, dv))
                 m_new, a, b = (ld(state, self.s(tx, i)) for i in (2, 3, 4))
-                body = _seq(
+                body = seq(
                     st(state, tirx.Max(m_old, m_in), self.s(tx, 2)),
                     st(state, form.exp(m_old - m_new), self.s(tx, 3)),
                     st(state, form.exp(m_in - m_new), self.s(tx, 4)),
@@ -542,7 +502,7 @@ class _Kernel:
                         self.acc, ld(self.acc, [tx, d]) * a + ld(mg, at(r, d)) * b, [tx, d])))
                 return tirx.IfThenElse(self.lane(tx) == c(0), body, None)
             phases += [self.threads(publish), self.threads(take)]
-        return _seq(*phases) if phases else None
+        return seq(*phases) if phases else None
 
     def _write(self):
         form, ld, st, c = self.form, self.ld, self.st, self.c
@@ -564,7 +524,7 @@ class _Kernel:
             if self.lanes > 1:
                 first = self.lane(tx) == c(0)
                 cond = first if cond is None else tirx.And(first, cond)
-            return _seq(inv, store if cond is None else tirx.IfThenElse(cond, store, None))
+            return seq(inv, store if cond is None else tirx.IfThenElse(cond, store, None))
         return self.threads(body)
 
     def _core_body(self):
@@ -575,20 +535,9 @@ class _Kernel:
 
         def tile(kt):
             j0 = kt * c(self.bc)
-            return _seq(self._loads(j0), self._compute(j0))
-        return _seq(self._init(), self.loop("kt", tiles, tile, _SERIAL), self._merge_lanes(),
+            return seq(self._loads(j0), self._compute(j0))
+        return seq(self._init(), self.loop("kt", tiles, tile, _SERIAL), self._merge_lanes(),
                     self._write())
-
-    def _nest(self, block, extents, buffers: dict):
-        """``block`` (read / write regions inferred from its body) under serial loops."""
-        reads, writes = s_tir.analysis.get_sblock_read_write_region(block, buffers)
-        block = s_tir.SBlock(block.iter_vars, reads, writes, block.name_hint, block.body,
-                             alloc_buffers=block.alloc_buffers)
-        lvars = [tirx.Var(f"i{k}", self.ity) for k in range(len(extents))]
-        stmt = s_tir.SBlockRealize(lvars, True, block)
-        for v, e in reversed(list(zip(lvars, extents, strict=True))):
-            stmt = tirx.For(v, self.c(0), e, _SERIAL, stmt)
-        return stmt
 
     def build(self) -> tirx.PrimFunc:
         """The kernel: the tiles of query rows, then the epilogue not folded into it."""
@@ -598,15 +547,14 @@ class _Kernel:
         if isinstance(self.sq, tirx.IntImm):
             nq = c(-(-int(self.sq.value) // self.br))
         extents = [*self.batch_ext, nq]
-        ivs = [tirx.IterVar(tvm.ir.Range.from_min_extent(c(0), e), v, tirx.IterVar.DataPar)
-               for e, v in zip(extents, [*self.bvars, self.vq], strict=True)]
+        ivs = self.iter_vars(extents, [*self.bvars, self.vq])
         local = [self.k_tile, self.v_tile, *([self.merge] if self.merge is not None else []),
                  self.q_reg, self.acc, self.scores, self.state]
         core = s_tir.SBlock(ivs, [], [], self.CORE, body, alloc_buffers=local)
         allocs = [b for b in form.allocs if self.fold is None or not b.same_as(form.out)]
         buffers = {b: b for b in [*form.func.params, *allocs]}
         root = s_tir.SBlock([], [], [], "root",
-                            _seq(self._nest(core, extents, buffers), *self.epilogue),
+                            seq(self.nest(core, extents, buffers), *self.epilogue),
                             alloc_buffers=allocs)
         return form.func.with_body(s_tir.SBlockRealize([], True, root))
 

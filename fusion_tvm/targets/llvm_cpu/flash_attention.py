@@ -34,6 +34,7 @@ from ...cost_models.hardware import HardwareSpec
 from ...online_softmax import AttentionForm, match_attention
 from ...tir_expr import free_vars, substitute
 from ..base import ScheduleRule
+from ..tir_writer import TirWriter, block_name, seq, static_int
 from ._util import lanes, parallel_vectorize
 from .attention import _vectorize_row, attention_parallel_pays
 
@@ -96,37 +97,20 @@ def _contiguous(term, var) -> bool:
     return last.same_as(var) and not any(var in free_vars(i) for i in lead)
 
 
-def _seq(*stmts):
-    """One statement of ``stmts`` (Nones dropped, nested sequences flattened)."""
-    flat = []
-    for s in stmts:
-        if s is not None:
-            flat.extend(s.seq if isinstance(s, tirx.SeqStmt) else [s])
-    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
-
-
-def _block_name(stmt) -> str | None:
-    """Name of the block a root loop nest computes."""
-    while isinstance(stmt, tirx.For):
-        stmt = stmt.body
-    return stmt.block.name_hint if isinstance(stmt, s_tir.SBlockRealize) else None
-
-
-class _Kernel:
+class _Kernel(TirWriter):
     """Writes the online-softmax PrimFunc of one :class:`AttentionForm`."""
 
     CORE = "flash_attention"
 
     def __init__(self, form: AttentionForm, width: int, registers: int, key_vectors: int,
                  row_groups: int):
+        super().__init__(form.rows[0].ty, form.dtype)
         self.form = form
         self.width = width
-        self.ity = form.rows[0].ty
-        self.dtype = form.dtype
         self.batch, self.query = form.rows[:-1], form.rows[-1]
         self.batch_ext, self.sq = form.row_extents[:-1], form.row_extents[-1]
         self.sk, self.dk, self.dv = form.key_extent, form.red_extent, form.col_extent
-        sq = self._static(self.sq)
+        sq = static_int(self.sq)
         self.rb = ROW_BLOCK
         groups = row_groups
         if sq is not None:  # fewest recomputed rows in the last tile, then the widest tile
@@ -140,12 +124,11 @@ class _Kernel:
         self.tile = width * min(TILE_VECTORS, self.tile_vectors)
         self.kb = max(self.tile, width * key_vectors // self.tile * self.tile)
         self.col_tile = self._tile_for(self.dv) if self.dv % width == 0 else self.dv
-        self._names: dict[str, int] = {}
         self.root_allocs: list = []
         self.staged: list = []
         self.staged_names: list[str] = []
         self.padded_keys = False
-        self.epilogue_names = [n for n in map(_block_name, form.epilogue) if n]
+        self.epilogue_names = [n for n in map(block_name, form.epilogue) if n]
         f32 = self.dtype
         self.scores = tirx.decl_buffer([self.rb, self.kb], f32, "scores", scope="local")
         self.m_run = tirx.decl_buffer([self.tile_rows], f32, "m_run", scope="local")
@@ -168,7 +151,7 @@ class _Kernel:
         keys, of one register tile, of the remaining whole vectors (one block when static),
         and a masked block of one vector for the last partial vector."""
         sk, kb, tile, w, c = self.sk, self.kb, self.tile, self.width, self.c
-        static = self._static(sk)
+        static = static_int(sk)
         if static is not None:
             rest = static % tile
             runs = [(static // kb, kb, False), (static % kb // tile, tile, False),
@@ -180,30 +163,6 @@ class _Kernel:
                 (fd(fm(sk, c(tile)), c(w)), w, False), (fm(sk, c(w)) > c(0), w, True)]
 
     # -------------------------------------------------------------------------- helpers
-    @staticmethod
-    def _static(extent) -> int | None:
-        return int(extent.value) if isinstance(extent, tirx.IntImm) else None
-
-    def c(self, value: int):
-        return tirx.IntImm(self.ity, value)
-
-    def f(self, value: float):
-        return tirx.FloatImm(self.dtype, value)
-
-    def loop(self, name: str, extent, body_fn, kind=_SERIAL):
-        self._names[name] = self._names.get(name, -1) + 1
-        var = tirx.Var(f"{name}{self._names[name] or ''}", self.ity)
-        extent = self.c(extent) if isinstance(extent, int) else extent
-        return tirx.For(var, self.c(0), extent, kind, body_fn(var))
-
-    @staticmethod
-    def ld(buf, idx):
-        return tirx.BufferLoad(buf, idx)
-
-    @staticmethod
-    def st(buf, value, idx):
-        return tirx.BufferStore(buf, value, idx)
-
     def row_vars(self, row):
         """Canonical row var -> index for tile row ``row`` (clamped to the last row)."""
         q = self.vq * self.c(self.tile_rows) + row
@@ -220,9 +179,8 @@ class _Kernel:
         shape = [c(e) if isinstance(e, int) else e for e in (*self.batch_ext, *extents)]
         buf = tirx.decl_buffer(shape, self.dtype, name)
         self.root_allocs.append(buf)
-        ivs = [tirx.IterVar(tvm.ir.Range.from_min_extent(c(0), e), tirx.Var(f"v{k}", self.ity),
-                            tirx.IterVar.DataPar) for k, e in enumerate(shape)]
-        ivars = [iv.var for iv in ivs]
+        ivars = [tirx.Var(f"v{k}", self.ity) for k in range(len(shape))]
+        ivs = self.iter_vars(shape, ivars)
         mapping = dict(zip([*self.batch, *order], ivars, strict=True))
         if pad is None:
             value = substitute(term, mapping)
@@ -250,7 +208,7 @@ class _Kernel:
         else:
             w = c(self.width)
             padded = tirx.floordiv(self.sk + w - c(1), w) * w
-            static = self._static(self.sk)
+            static = static_int(self.sk)
             if static is not None:
                 padded = c(-(-static // self.width) * self.width)
             kt = self._stage("flash_kt", form.k_term, [self.dk, padded], [form.red, form.key],
@@ -277,7 +235,7 @@ class _Kernel:
                 self.part, op(self.ld(self.part, [w]), self.ld(self.part, [w + self.c(h)])),
                 [w]), _VEC if half > 1 else _SERIAL))
             half //= 2
-        return _seq(*steps)
+        return seq(*steps)
 
     def _lanes(self, cols: int, init, lane_fn):
         """``part = init``, then ``lane_fn(jj, w)`` over every vector of ``cols`` keys."""
@@ -285,7 +243,7 @@ class _Kernel:
         fill = self.loop("w", w_, lambda w: self.st(self.part, init, [w]), _VEC)
         body = self.loop("cv", cols // w_, lambda cv: self.loop(
             "w", w_, lambda w: lane_fn(cv * self.c(w_) + w, w), _VEC))
-        return _seq(fill, body)
+        return seq(fill, body)
 
     def _group(self, g, j0, cols: int, masked: bool, k_load, v_load):
         """One register-tile group of rows against the ``cols`` keys from ``j0``."""
@@ -324,24 +282,24 @@ class _Kernel:
                                             form.acc: ld(sc, [rr, jj])})
                 if masked:
                     s = tirx.Select(j0 + jj < self.sk, s, neg_inf)
-                return _seq(st(sc, s, [rr, jj]),
+                return seq(st(sc, s, [rr, jj]),
                             st(part, tirx.Max(ld(part, [w]), ld(sc, [rr, jj])), [w]))
 
             def exp_lane(jj, w):
                 p = form.exp(ld(sc, [rr, jj]) - ld(self.m_run, [t]))
-                return _seq(st(sc, p, [rr, jj]), st(part, ld(part, [w]) + ld(sc, [rr, jj]), [w]))
+                return seq(st(sc, p, [rr, jj]), st(part, ld(part, [w]) + ld(sc, [rr, jj]), [w]))
             # scal[0]: the new running max; scal[1]: exp(m_old - m_new)
-            rescale = _seq(
+            rescale = seq(
                 st(scal, tirx.Max(ld(self.m_run, [t]), ld(part, [c(0)])), [c(0)]),
                 st(scal, form.exp(ld(self.m_run, [t]) - ld(scal, [c(0)])), [c(1)]),
                 st(self.m_run, ld(scal, [c(0)]), [t]),
             )
-            update = _seq(
+            update = seq(
                 st(self.l_run, ld(self.l_run, [t]) * ld(scal, [c(1)]) + ld(part, [c(0)]), [t]),
                 self.loop("d", self.dv, lambda d: st(
                     self.acc, ld(self.acc, [t, d]) * ld(scal, [c(1)]), [t, d]), _VEC),
             )
-            return _seq(self._lanes(cols, neg_inf, score_lane), self._halve(tirx.Max), rescale,
+            return seq(self._lanes(cols, neg_inf, score_lane), self._halve(tirx.Max), rescale,
                         self._lanes(cols, self.f(0.0), exp_lane), self._halve(tirx.Add), update)
         softmax = self.loop("rr", rb, softmax_row)
 
@@ -356,12 +314,12 @@ class _Kernel:
                 return self.loop("rr", rb, per_row, _UNROLL)
             return self.loop("jj", cols, per_key)
         pv = self.loop("dc", self.dv // self.col_tile, pv_tile)
-        return _seq(zero, qk, softmax, pv)
+        return seq(zero, qk, softmax, pv)
 
     def _core_body(self):
         form, ld, st, c = self.form, self.ld, self.st, self.c
         k_load, v_load = self.operands()
-        init = self.loop("t", self.tile_rows, lambda t: _seq(
+        init = self.loop("t", self.tile_rows, lambda t: seq(
             st(self.m_run, form.max_init, [t]), st(self.l_run, self.f(0.0), [t]),
             self.loop("d", self.dv, lambda d: st(self.acc, self.f(0.0), [t, d]), _VEC)))
         runs, base = [], c(0)
@@ -383,19 +341,8 @@ class _Kernel:
                          for i in form.out_indices]
                 return st(form.out, ld(self.acc, [t, d]) * ld(self.scal, [c(0)]), index)
             inv = st(self.scal, self.f(1.0) / ld(self.l_run, [t]), [c(0)])
-            return _seq(inv, self.loop("d", self.dv, col, _VEC))
-        return _seq(init, *runs, self.loop("t", self.tile_rows, write_row))
-
-    def _nest(self, block, extents, buffers: dict):
-        """``block`` (read / write regions inferred from its body) under serial loops."""
-        reads, writes = s_tir.analysis.get_sblock_read_write_region(block, buffers)
-        block = s_tir.SBlock(block.iter_vars, reads, writes, block.name_hint, block.body,
-                             alloc_buffers=block.alloc_buffers)
-        lvars = [tirx.Var(f"i{k}", self.ity) for k in range(len(extents))]
-        stmt = s_tir.SBlockRealize(lvars, True, block)
-        for v, e in reversed(list(zip(lvars, extents, strict=True))):
-            stmt = tirx.For(v, self.c(0), e, _SERIAL, stmt)
-        return stmt
+            return seq(inv, self.loop("d", self.dv, col, _VEC))
+        return seq(init, *runs, self.loop("t", self.tile_rows, write_row))
 
     def build(self) -> tirx.PrimFunc:
         """The kernel: staged operands, the row loop, the original epilogue."""
@@ -403,13 +350,12 @@ class _Kernel:
         body = self._core_body()
         nq = tirx.floordiv(self.sq + c(self.tile_rows - 1), c(self.tile_rows))
         extents = [*self.batch_ext, nq]
-        ivs = [tirx.IterVar(tvm.ir.Range.from_min_extent(c(0), e), v, tirx.IterVar.DataPar)
-               for e, v in zip(extents, [*self.bvars, self.vq], strict=True)]
+        ivs = self.iter_vars(extents, [*self.bvars, self.vq])
         local = [self.scores, self.m_run, self.l_run, self.acc, self.part, self.scal]
         core = s_tir.SBlock(ivs, [], [], self.CORE, body, alloc_buffers=local)
         buffers = {b: b for b in [*form.func.params, *form.allocs, *self.root_allocs]}
-        nests = [self._nest(blk, shape, buffers) for blk, shape in self.staged]
-        nests.append(self._nest(core, extents, buffers))
-        root = s_tir.SBlock([], [], [], "root", _seq(*nests, *form.epilogue),
+        nests = [self.nest(blk, shape, buffers) for blk, shape in self.staged]
+        nests.append(self.nest(core, extents, buffers))
+        root = s_tir.SBlock([], [], [], "root", seq(*nests, *form.epilogue),
                             alloc_buffers=[*form.allocs, *self.root_allocs])
         return form.func.with_body(s_tir.SBlockRealize([], True, root))

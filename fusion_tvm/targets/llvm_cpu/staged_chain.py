@@ -17,11 +17,13 @@ from collections.abc import Sequence
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.ir.expr import TensorLoad
 
 from ...chain_stages import assign_stages
 from ...cost_models.hardware import HardwareSpec
 from ...passes.mark_constant_params import CONSTANT_PARAMS_ATTR
 from ..base import ScheduleRule
+from ..tir_writer import block_name
 from ._util import constant_param, root_blocks
 from .attention import _is_contraction
 
@@ -29,13 +31,6 @@ from .attention import _is_contraction
 def _stmts(func: tirx.PrimFunc) -> tuple[s_tir.SBlock, list]:
     root = func.body.block
     return root, (list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body])
-
-
-def _realize_names(stmt) -> set[str]:
-    """Names of the blocks directly realised in the loop nest ``stmt``."""
-    while isinstance(stmt, tirx.For):
-        stmt = stmt.body
-    return {stmt.block.name_hint} if isinstance(stmt, s_tir.SBlockRealize) else set()
 
 
 class StagedChain(ScheduleRule):
@@ -49,7 +44,7 @@ class StagedChain(ScheduleRule):
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
     ) -> s_tir.Schedule | None:
-        from ...passes.apply_target_schedule import schedule_primfunc
+        from ...passes.apply_target_schedule import RULE_ATTR, schedule_primfunc
 
         stages = split_stages(func)
         if stages is None:
@@ -57,10 +52,29 @@ class StagedChain(ScheduleRule):
         scheduled = []
         for stage in stages:
             done = schedule_primfunc(stage, self.rules, target, hw)
-            if done is None:
+            # A stage only the fallback takes: decline, so the fallback takes the whole
+            # function and the search is told to cut the group (api.fuse_and_schedule).
+            if done is None or str(done.attrs[RULE_ATTR]) == "fallback":
                 return None
             scheduled.append(done)
         return s_tir.Schedule(stitch(func, scheduled))
+
+
+def _plain_load(expr):
+    """The buffer ``expr`` loads, through casts (None when it computes anything else)."""
+    while isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return expr.source if isinstance(expr, TensorLoad) else None
+
+
+def _weight_matmul(sch: s_tir.Schedule, block, func: tirx.PrimFunc) -> bool:
+    """A dense layer's block: ``acc += a[..] * w[..]``, both factors plain loads and one of
+    a compile-time constant (a variance's ``(x - m) * (x - m)`` is not one)."""
+    if not _is_contraction(sch, block):
+        return False
+    prod = sch.get(block).body.value.b
+    sources = [_plain_load(prod.a), _plain_load(prod.b)]
+    return None not in sources and any(constant_param(func, b) for b in sources)
 
 
 def split_stages(func: tirx.PrimFunc) -> list[tirx.PrimFunc] | None:
@@ -74,12 +88,9 @@ def split_stages(func: tirx.PrimFunc) -> list[tirx.PrimFunc] | None:
     index = {s.name_hint: k for k, s in enumerate(stmts)}
     if len(index) != len(stmts):
         return None  # block names are how blocks are told apart here
-    matmuls = [k for k, b in enumerate(blocks) if _is_contraction(sch, b)]
+    matmuls = [k for k, b in enumerate(blocks) if _weight_matmul(sch, b, func)]
     if len(matmuls) < 2:
         return None
-    for k in matmuls:  # dense layers: the B operand a compile-time constant
-        if not any(constant_param(func, r.source) for r in stmts[k].reads):
-            return None
 
     def related(fn):
         return {k: [index[sch.get(o).name_hint] for o in fn(b)] for k, b in enumerate(blocks)}
@@ -90,7 +101,7 @@ def split_stages(func: tirx.PrimFunc) -> list[tirx.PrimFunc] | None:
         return None
     root, nests = _stmts(func)
     if len(nests) != len(blocks) or any(
-            _realize_names(n) != {s.name_hint} for n, s in zip(nests, stmts, strict=True)):
+            block_name(n) != s.name_hint for n, s in zip(nests, stmts, strict=True)):
         return None
     if any(stage[k] < stage[k - 1] for k in range(1, len(blocks))):
         return None  # the stages interleave in the block order: not a chain to cut
