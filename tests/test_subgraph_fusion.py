@@ -429,3 +429,16 @@ def test_reduction_rule_declines_a_gemm_with_a_row_chain():
     (func,) = [f for f in fused.fused_mod.functions.values() if isinstance(f, tirx.PrimFunc)]
     hw = get_hardware(HW)
     assert Reduction().apply(func, tvm.target.Target(dict(hw.target)), hw) is None
+
+
+def test_gpt2_block_kernels_all_on_templates():
+    """GPT-2-2L at full size (seq 128, hidden 768): no kernel is left to the fallback rule
+    (a staged chain once declined there and its fallback kernel took 1.08 s)."""
+    from tvm import tirx
+
+    from benchmarks.zoo import get_model
+
+    cm = fusion_tvm.compile(get_model("gpt2_2l"), hw=HW)
+    rules = {str(f.attrs["fusion_tvm.rule"]) for f in cm.fused_mod.functions.values()
+             if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs}
+    assert "fallback" not in rules and {"flash_attention", "staged_chain"} <= rules, rules
