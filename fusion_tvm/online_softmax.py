@@ -210,7 +210,7 @@ def _canonical_by_loads(stmt, expr, acc, rows, key, extra: tirx.Var | None = Non
         raise _NoMatch(f"{stmt.name_hint} does not reduce along the keys")
     rest = [iv for iv in spatial if iv.var not in mapping]
     wide = [iv for iv in rest if not _is_one(iv.dom.extent)]
-    if extra is None and wide or len(wide) > 1:
+    if (extra is None and wide) or len(wide) > 1:
         raise _NoMatch(f"{stmt.name_hint} has iters beyond the score rows")
     if extra is not None:
         pick = wide[0] if wide else (rest[-1] if rest else None)
