@@ -63,6 +63,26 @@ def fallback_groups(mod: tvm.IRModule, plan: FusionPlan) -> list[tuple[str, int,
     ]
 
 
+def record_rules(mod: tvm.IRModule, plan: FusionPlan | None) -> None:
+    """Set each group's ``scheduled_rule`` to the schedule rule that ran its kernel.
+
+    ``rule`` is the rule class the cost model priced before scheduling (``matmul`` for an
+    attention chain the CPU model prices as its contractions, say); ``scheduled_rule`` is
+    the name the target's rule wrote on the PrimFunc (``flash_attention``, ``staged_chain``).
+    """
+    if plan is None:
+        return
+    applied = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
+            rule = func.attrs.get(RULE_ATTR, None)
+            if rule is not None:
+                applied[gv.name_hint] = str(rule)
+    for g in plan.groups:
+        if g.kernel in applied:
+            g.scheduled_rule = applied[g.kernel]
+
+
 class CompiledModel:
     """A built model: run it, read its plan, export it.
 
@@ -306,6 +326,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
 
     parts, _fused, mod = fuse_and_schedule(loaded, make, search, schedule)
     plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
+    record_rules(mod, plan)
     custom = parts.backend.build_model(mod, loaded, parts, plan)
     if custom is not None:
         return custom

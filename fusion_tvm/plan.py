@@ -33,6 +33,12 @@ class GroupPlan:
     node_ids: list[int] = field(default_factory=list)
     block_index: int = 0
     kernel: str = ""  # the PrimFunc that runs the group after FuseTIR
+    scheduled_rule: str = ""  # the schedule rule that ran it (set after scheduling)
+
+    @property
+    def display_rule(self) -> str:
+        """The rule that ran the kernel, else the one the cost model priced."""
+        return self.scheduled_rule or self.rule
 
 
 @dataclass
@@ -127,12 +133,12 @@ class FusionPlan:
             f"fusion plan for {self.target} on {self.hardware} (cost model: {self.cost_model})",
             f"symbolic dims evaluated at: {self.dims or 'none'}",
             "",
-            f"{'#':>4}  {'kernel':<44} {'ops':>3}  {'rule':<11} {'pred us':>9} "
+            f"{'#':>4}  {'kernel':<44} {'ops':>3}  {'rule':<15} {'pred us':>9} "
             f"{'DRAM KB':>9}  bound",
         ]
         for k, g in enumerate(self.groups[:max_rows]):
             lines.append(
-                f"{k:>4}  {g.name[:44]:<44} {len(g.ops):>3}  {g.rule:<11} "
+                f"{k:>4}  {g.name[:44]:<44} {len(g.ops):>3}  {g.display_rule:<15} "
                 f"{g.predicted_time_s * 1e6:>9.1f} {g.dram_bytes / 1024:>9.1f}  {g.bound}"
             )
         if len(self.groups) > max_rows:

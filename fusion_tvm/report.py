@@ -404,7 +404,7 @@ def _svg(plan: FusionPlan) -> tuple[str, float, float]:
             k = box.kernel
             gp = plan.groups[k]
             color = group_color(k)
-            tip = (f"kernel #{k}: {gp.name}\n{len(gp.ops)} ops, rule {gp.rule}, "
+            tip = (f"kernel #{k}: {gp.name}\n{len(gp.ops)} ops, rule {gp.display_rule}, "
                    f"{_fmt_time(gp.predicted_time_s)}, DRAM {_fmt_bytes(gp.dram_bytes)}\n"
                    f"{gp.bound}")
             out = [f'<g class="group" data-group="{k}" tabindex="0" style="--c:{color}">',
@@ -412,7 +412,7 @@ def _svg(plan: FusionPlan) -> tuple[str, float, float]:
                    f'<rect class="box" x="{box.x:.0f}" y="{box.y:.0f}" width="{box.w:.0f}" '
                    f'height="{box.h:.0f}" rx="8"/>',
                    f'<text class="gh" x="{box.x + PAD:.0f}" y="{box.y + 17:.0f}">#{k} '
-                   f"{_esc(gp.rule or gp.kind)}</text>",
+                   f"{_esc(gp.display_rule or gp.kind)}</text>",
                    f'<text class="gt" x="{box.x + PAD:.0f}" y="{box.y + 30:.0f}">'
                    f"{_esc(_fmt_time(gp.predicted_time_s))} · {len(gp.ops)} ops</text>"]
             for n in nodes:
@@ -444,7 +444,7 @@ def _group_details(plan: FusionPlan) -> list[dict]:
         details.append({
             "index": k, "name": gp.name, "function": gp.function, "kind": gp.kind,
             "fuseops": _fuseops_note(plan.blocks[bi], g, labels, bi),
-            "rule": gp.rule, "bound": gp.bound, "time": _fmt_time(gp.predicted_time_s),
+            "rule": gp.display_rule, "bound": gp.bound, "time": _fmt_time(gp.predicted_time_s),
             "dram": _fmt_bytes(gp.dram_bytes), "onchip": _fmt_bytes(gp.onchip_bytes),
             "gflop": gp.flops / 1e9, "color": group_color(k), "ops": ops,
             "boundaries": bounds.get(k, []),
@@ -495,7 +495,7 @@ def _groups_table(plan: FusionPlan) -> str:
         rows.append(
             f'<tr data-row="{k}"><td><span class="sw" style="background:{group_color(k)}">'
             f"</span>{k}</td><td class='mono'>{_esc(g.name)}</td><td>{len(g.ops)}</td>"
-            f"<td>{_esc(g.rule)}</td><td>{_esc(_fmt_time(g.predicted_time_s))}</td>"
+            f"<td>{_esc(g.display_rule)}</td><td>{_esc(_fmt_time(g.predicted_time_s))}</td>"
             f"<td>{_esc(_fmt_bytes(g.dram_bytes))}</td><td>{_esc(g.bound)}</td></tr>")
     return "<table class='groups'>" + "".join(rows) + "</table>"
 

@@ -123,6 +123,10 @@ def test_flash_kernel_equals_unfused_and_onnxruntime(name):
     ours = fusion_tvm.compile(model, hw=HW)
     assert ours.num_kernels == 1
     assert _rules(ours) == ["flash_attention"]
+    # The plan names the rule that ran the kernel next to the one the model priced.
+    (group,) = ours.plan.groups
+    assert group.scheduled_rule == "flash_attention" and group.rule == "matmul"
+    assert " flash_attention " in ours.plan.table()
     unfused = fusion_tvm.compile(model, hw=HW, fusion="none", schedule=False)
     ref = ort.InferenceSession(model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
