@@ -264,6 +264,9 @@ class RooflineCostModel(CostModel):
                     (c in staged) != (n in staged) for c in t.consumers):
                 internal.append(graph.nodes[n].outputs[0])
         a_bytes = sum(graph.nbytes(t) for t in internal)
+        for key in ("in_bytes", "out_bytes"):  # both parts' traffic, less what stays inside
+            detail[key] = max(0.0, stage.detail.get(key, 0.0) + gemm.detail.get(key, 0.0)
+                              - a_bytes)
         return Cost(
             time_s=sum(body) + launch_s,
             dram_bytes=max(0.0, stage.dram_bytes + gemm.dram_bytes - 2 * a_bytes),
@@ -286,7 +289,9 @@ class RooflineCostModel(CostModel):
         body = [c.time_s - c.detail.get("launch_s", 0.0) for c in costs]
         detail = dict(costs[-1].detail)
         detail.update(parallel_regions=regions, launch_s=launch_s,
-                      stage_s=[round(b, 9) for b in body])
+                      stage_s=[round(b, 9) for b in body],
+                      in_bytes=sum(c.detail.get("in_bytes", 0.0) for c in costs),
+                      out_bytes=sum(c.detail.get("out_bytes", 0.0) for c in costs))
         return Cost(
             time_s=sum(body) + launch_s,
             dram_bytes=sum(c.dram_bytes for c in costs),
