@@ -154,7 +154,10 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
         return FusionDecision.forbid(f"{what} are switched off")
     if not kinds.attention and attention_chain(graph, group):
         return FusionDecision.forbid("compute chains (attention) are switched off")
-    stages = chain_stages(graph, group)
+    # The stages matter only to the switched-off kinds below (this runs for every
+    # candidate the search proposes).
+    stages = chain_stages(graph, group) if not (kinds.mlp_chains and kinds.prologue) \
+        else None
     if stages is not None and not kinds.mlp_chains:
         return FusionDecision.forbid("MLP chains (staged matmuls) are switched off")
     if not kinds.multi_output:
@@ -166,9 +169,9 @@ def check_kinds(graph: FusionGraph, group: frozenset[int], kinds: FusionKinds) -
         if published > 1:
             return FusionDecision.forbid("multi-output groups are switched off")
     if not kinds.prologue:
-        for n in nodes:
+        for n in (n for n in nodes if n.is_contraction):
             own = next((st for st in stages if n.id in st), group) if stages else group
-            if n.is_contraction and _ancestors(graph, n.id, frozenset(own)):
+            if _ancestors(graph, n.id, frozenset(own)):
                 return FusionDecision.forbid(
                     f"prologue fusion is switched off and {n.name} has producers in the group"
                 )

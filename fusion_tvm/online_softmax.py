@@ -24,6 +24,7 @@ groups that are a part of the chain, returns None (the row-wise template takes t
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -31,6 +32,7 @@ from tvm import s_tir, te, tirx, topi
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir.schedule import ScheduleError
 
+from .tir_analysis import root_statements
 from .tir_expr import (
     UnsupportedExpr,
     equal,
@@ -107,6 +109,13 @@ class AttentionForm:
     out_indices: tuple
     epilogue: tuple
     allocs: tuple
+
+    @property
+    def static_rows(self) -> int | None:
+        """Score rows in all (batch dims times query rows), None when one is symbolic."""
+        if not all(isinstance(e, tirx.IntImm) for e in self.row_extents):
+            return None
+        return math.prod(int(e.value) for e in self.row_extents)
 
     @property
     def dtype(self) -> str:
@@ -356,9 +365,7 @@ def _match(func: tirx.PrimFunc) -> AttentionForm:
     if any(p.same_as(b) for p in func.params for b in private):
         raise _NoMatch("the scores, max or sum are function outputs")
     new = sch.mod["main"]
-    root_stmt = new.body.block
-    stmts = list(root_stmt.body.seq) if isinstance(root_stmt.body, tirx.SeqStmt) \
-        else [root_stmt.body]
+    root_stmt, stmts = root_statements(new)
     if len(stmts) != len(blocks):
         raise _NoMatch("root statements do not match the blocks")
     allocs = tuple(buf for buf in root_stmt.alloc_buffers

@@ -36,6 +36,13 @@ _ARITH = (
 )
 
 
+def root_statements(func: tirx.PrimFunc) -> tuple[s_tir.SBlock, list]:
+    """The root block of ``func`` and its body as a list of root statements."""
+    root = func.body.block
+    body = root.body
+    return root, (list(body.seq) if isinstance(body, tirx.SeqStmt) else [body])
+
+
 def evaluate(expr, dims: Mapping[str, int], default: int = 1) -> float:
     """Evaluate an integer ``PrimExpr`` with symbolic vars bound by name.
 

@@ -290,13 +290,6 @@ class GpuCostModel(RooflineCostModel):
         replaces."""
         return self.efficiency(rule, cls) / self.efficiency("matmul")
 
-    def cache_bandwidth(self, nbytes: float) -> float:
-        """Bandwidth of the first device-wide (shared) level holding ``nbytes`` (L2)."""
-        for lvl in self.hw.memory:
-            if lvl.shared and nbytes <= lvl.capacity_bytes:
-                return lvl.bandwidth_bytes_per_s
-        return self.hw.dram.bandwidth_bytes_per_s
-
     def _estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:
         base = super()._estimate(graph, group)
         if not base.detail:  # barrier / view: no kernel
@@ -322,7 +315,8 @@ class GpuCostModel(RooflineCostModel):
                 for c, f in base.detail["flops_by_class"].items()
                 if OpClass(c) in (OpClass.MATMUL, OpClass.CONV))
             compute_raw += contraction_s * (1.0 / eff - 1.0)
-            reread_s = kernel.reread_bytes / self.cache_bandwidth(kernel.reread_bytes)
+            reread = kernel.reread_bytes
+            reread_s = reread / self.bandwidth_for(reread, shared_only=True)
             internal_s = 0.0
         base = replace(base, onchip_bytes=onchip)
         detail["launch_shape"] = shape

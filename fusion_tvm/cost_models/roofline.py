@@ -200,9 +200,13 @@ class RooflineCostModel(CostModel):
         self._cache: dict[tuple, tuple[FusionGraph, Cost]] = {}
 
     # ------------------------------------------------------------------ helpers
-    def bandwidth_for(self, nbytes: float) -> float:
-        """Bandwidth of the innermost level that can hold ``nbytes`` (device-wide)."""
+    def bandwidth_for(self, nbytes: float, shared_only: bool = False) -> float:
+        """Bandwidth of the innermost level that can hold ``nbytes`` (device-wide);
+        ``shared_only``: of the innermost level shared by all cores that can (a GPU's L2,
+        which data re-read across thread blocks comes from)."""
         for lvl in self.hw.memory:
+            if shared_only and not lvl.shared:
+                continue
             cap = lvl.capacity_bytes * (1 if lvl.shared else self.hw.num_cores)
             if nbytes <= cap:
                 return lvl.bandwidth_bytes_per_s

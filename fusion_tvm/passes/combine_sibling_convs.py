@@ -32,7 +32,7 @@ from ..cost_models.hardware import DeviceKind, HardwareSpec, OpClass
 from ..cost_models.roofline import RooflineCostModel, shape_class
 from ..legality import FusionDecision
 from ..targets.llvm_cpu.parallel import conv_parallel_pays, parallel_pays
-from .cpu_layout import ConvertToNCHWc, channel_block, choose_block
+from .cpu_layout import ConvertToNCHWc, channel_block, choose_block, static_shape
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _ADD = tvm.ir.Op.get("relax.add")
@@ -338,10 +338,8 @@ def _out_layout(call: relax.Call) -> str:
 
 def _dims(expr) -> list[int | None] | None:
     """``expr``'s shape, None for symbolic dims (None when the rank is unknown)."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return [int(d) if isinstance(d, tirx.IntImm) else None for d in ty.shape.values]
+    shape = static_shape(expr)
+    return None if shape is None else [d if isinstance(d, int) else None for d in shape]
 
 
 def _plain(layout: str, letters: str) -> bool:

@@ -55,7 +55,8 @@ _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _BLOCKED_KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
 
 
-def _static_shape(expr: relax.Expr) -> list[int | tirx.PrimExpr] | None:
+def static_shape(expr: relax.Expr) -> list[int | tirx.PrimExpr] | None:
+    """``expr``'s shape, constant dims as ints (None when the shape is not known)."""
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
@@ -67,7 +68,7 @@ def _conv_dims(call: relax.Call) -> tuple[int, int, int, float] | None:
     a = call.attrs
     if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
         return None
-    x, w, y = _static_shape(call.args[0]), _static_shape(call.args[1]), _static_shape(call)
+    x, w, y = static_shape(call.args[0]), static_shape(call.args[1]), static_shape(call)
     if x is None or w is None or y is None or not all(
         isinstance(d, int) for d in (x[1], *w, *y[1:])
     ):
@@ -259,11 +260,11 @@ class _BlockedRewriter(relax.PyExprMutator):
             if twin is not None and _is_map(value, self.block_map):
                 self._emit(binding, twin)  # block(unblock(x)) == x
                 return None
-            if _is_map(value, self.unblock_map) and len(_static_shape(value.args[0]) or ()) == 5:
+            if _is_map(value, self.unblock_map) and len(static_shape(value.args[0]) or ()) == 5:
                 self._emit(binding, self._unblock(args[0]))
                 self.blocked[binding.var] = args[0]
                 return None
-            if _is_map(value, self.block_map) and len(_static_shape(value.args[0]) or ()) == 4 \
+            if _is_map(value, self.block_map) and len(static_shape(value.args[0]) or ()) == 4 \
                     and not isinstance(args[0], tvm.ir.expr.Constant):
                 self._emit(binding, self._block(args[0]))
                 return None
@@ -310,7 +311,7 @@ class _BlockedRewriter(relax.PyExprMutator):
         for a blocked consumer, two layout changes where a block range suffices. Sibling
         convs combined into one (``CombineSiblingConvs``) are sliced this way per branch."""
         twin = self._twin(call.args[0])
-        shape, out = _static_shape(call.args[0]), _static_shape(call)
+        shape, out = static_shape(call.args[0]), static_shape(call)
         if twin is None or shape is None or out is None or len(shape) != 4 or len(out) != 4:
             return None
         axes, begin = _ints(call.args[1]), _ints(call.args[2])
@@ -330,12 +331,12 @@ class _BlockedRewriter(relax.PyExprMutator):
     def _blocked_operands(self, call: relax.Call, args) -> list[relax.Expr] | None:
         """Operands of a binary op in the blocked layout: blocked twins of same-shaped
         tensors, scalars as they are, per-channel ``[1, C, 1, 1]`` operands blocked."""
-        out = _static_shape(call)
+        out = static_shape(call)
         if out is None or len(out) != 4 or all(self._twin(a) is None for a in call.args):
             return None
         operands = []
         for orig, arg in zip(call.args, args, strict=True):
-            shape = _static_shape(orig)
+            shape = static_shape(orig)
             twin = self._twin(orig)
             if twin is not None and tvm_ffi.structural_equal(orig.ty.shape, call.ty.shape):
                 operands.append(twin)
@@ -492,7 +493,7 @@ class _RaiseScalarOps(relax.PyExprMutator):
             return call
         op, swapped = found
         x, scalar = args
-        if _static_shape(x) is None or _static_shape(scalar) != []:
+        if static_shape(x) is None or static_shape(scalar) != []:
             return call
         if not tvm_ffi.structural_equal(x.ty, call.ty):
             return call

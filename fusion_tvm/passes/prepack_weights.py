@@ -17,6 +17,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from ..errors import InternalError
+from ..tir_analysis import root_statements
 from .mark_constant_params import CONSTANT_PARAMS_ATTR
 
 #: Block annotation a schedule rule puts on a packing block that may run at compile time.
@@ -59,8 +60,7 @@ def split_prepack(func: tirx.PrimFunc) -> tuple[list, tirx.PrimFunc] | None:
     root_realize = func.body
     if not constant or not isinstance(root_realize, s_tir.SBlockRealize):
         return None
-    root = root_realize.block
-    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    root, stmts = root_statements(func)
     params = list(func.params)
     stages, kept, packed_vars = [], [], []
     for stmt in stmts:

@@ -84,3 +84,16 @@ class TirWriter:
         for v, e in reversed(list(zip(lvars, extents, strict=True))):
             stmt = tirx.For(v, self.c(0), e, tirx.ForKind.SERIAL, stmt)
         return stmt
+
+
+class AttentionWriter(TirWriter):
+    """A writer of one :class:`~fusion_tvm.online_softmax.AttentionForm`'s kernel, with the
+    form's vars and extents by role: ``batch`` / ``query`` rows (``batch_ext`` / ``sq``),
+    keys ``sk``, ``Q K^T`` reduction ``dk`` and output columns ``dv``."""
+
+    def __init__(self, form):
+        super().__init__(form.rows[0].ty, form.dtype)
+        self.form = form
+        self.batch, self.query = form.rows[:-1], form.rows[-1]
+        self.batch_ext, self.sq = form.row_extents[:-1], form.row_extents[-1]
+        self.sk, self.dk, self.dv = form.key_extent, form.red_extent, form.col_extent

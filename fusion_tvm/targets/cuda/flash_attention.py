@@ -53,7 +53,7 @@ from ...cost_models.hardware import HardwareSpec
 from ...online_softmax import AttentionForm, match_attention
 from ...tir_expr import equal, free_vars, loads, replace_loads, substitute
 from ..base import ScheduleRule
-from ..tir_writer import TirWriter, block_name, seq, static_int
+from ..tir_writer import AttentionWriter, block_name, seq, static_int
 from .verify import lowers
 
 logger = logging.getLogger(__name__)
@@ -188,10 +188,9 @@ class FlashAttention(ScheduleRule):
         form = match_attention(func)
         if form is None:
             return None
-        rows = [static_int(e) for e in form.row_extents]
         tiles = flash_tiles(form.red_extent, form.col_extent, smem_limit(target, hw),
-                            rows[-1], static_int(form.key_extent),
-                            None if None in rows else math.prod(rows),
+                            static_int(form.row_extents[-1]), static_int(form.key_extent),
+                            form.static_rows,
                             hw.gpu.sm_count if hw.gpu else 0, self.rows, self.key_tile)
         if tiles is None:
             logger.debug("flash_attention: head dims %d / %d do not fit one thread",
@@ -290,7 +289,7 @@ def _zero(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr.value) == 0
 
 
-class _Kernel(TirWriter):
+class _Kernel(AttentionWriter):
     """Writes the CUDA online-softmax PrimFunc of one :class:`AttentionForm`.
 
     Thread ``tx`` of a block serves query row ``tx % rows`` of the block's tile as key
@@ -301,11 +300,7 @@ class _Kernel(TirWriter):
     CORE = "flash_attention"
 
     def __init__(self, form: AttentionForm, tiles: FlashTiles):
-        super().__init__(form.rows[0].ty, form.dtype)
-        self.form = form
-        self.batch, self.query = form.rows[:-1], form.rows[-1]
-        self.batch_ext, self.sq = form.row_extents[:-1], form.row_extents[-1]
-        self.sk, self.dk, self.dv = form.key_extent, form.red_extent, form.col_extent
+        super().__init__(form)
         sq, sk = static_int(self.sq), static_int(self.sk)
         self.br, self.lanes, self.bc = tiles.rows, tiles.lanes, tiles.keys
         self.nt = tiles.threads

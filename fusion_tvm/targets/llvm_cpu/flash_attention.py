@@ -34,7 +34,7 @@ from ...cost_models.hardware import HardwareSpec
 from ...online_softmax import AttentionForm, match_attention
 from ...tir_expr import free_vars, substitute
 from ..base import ScheduleRule
-from ..tir_writer import TirWriter, block_name, seq, static_int
+from ..tir_writer import AttentionWriter, block_name, seq, static_int
 from ._util import lanes, parallel_vectorize
 from .attention import _vectorize_row, attention_parallel_pays
 
@@ -72,10 +72,7 @@ class FlashAttention(ScheduleRule):
         sch = s_tir.Schedule(kernel.build())
         loops = sch.get_loops(sch.get_sblock(_Kernel.CORE))
         row = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        rows = 1
-        for ext in form.row_extents:
-            rows = rows * int(ext.value) if isinstance(ext, tirx.IntImm) and rows else None
-        if attention_parallel_pays(hw, func, rows):
+        if attention_parallel_pays(hw, func, form.static_rows):
             sch.parallel(row)
         for name in kernel.epilogue_names:
             block = sch.get_sblock(name)
@@ -97,19 +94,15 @@ def _contiguous(term, var) -> bool:
     return last.same_as(var) and not any(var in free_vars(i) for i in lead)
 
 
-class _Kernel(TirWriter):
+class _Kernel(AttentionWriter):
     """Writes the online-softmax PrimFunc of one :class:`AttentionForm`."""
 
     CORE = "flash_attention"
 
     def __init__(self, form: AttentionForm, width: int, registers: int, key_vectors: int,
                  row_groups: int):
-        super().__init__(form.rows[0].ty, form.dtype)
-        self.form = form
+        super().__init__(form)
         self.width = width
-        self.batch, self.query = form.rows[:-1], form.rows[-1]
-        self.batch_ext, self.sq = form.row_extents[:-1], form.row_extents[-1]
-        self.sk, self.dk, self.dv = form.key_extent, form.red_extent, form.col_extent
         sq = static_int(self.sq)
         self.rb = ROW_BLOCK
         groups = row_groups

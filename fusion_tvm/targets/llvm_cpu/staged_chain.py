@@ -22,15 +22,11 @@ from tvm.ir.expr import TensorLoad
 from ...chain_stages import assign_stages
 from ...cost_models.hardware import HardwareSpec
 from ...passes.mark_constant_params import CONSTANT_PARAMS_ATTR
+from ...tir_analysis import root_statements
 from ..base import ScheduleRule
-from ..tir_writer import block_name
+from ..tir_writer import block_name, seq
 from ._util import constant_param, root_blocks
 from .attention import _is_contraction
-
-
-def _stmts(func: tirx.PrimFunc) -> tuple[s_tir.SBlock, list]:
-    root = func.body.block
-    return root, (list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body])
 
 
 class StagedChain(ScheduleRule):
@@ -99,14 +95,13 @@ def split_stages(func: tirx.PrimFunc) -> list[tirx.PrimFunc] | None:
                           consumers.__getitem__, set(matmuls).__contains__)
     if stage is None:
         return None
-    root, nests = _stmts(func)
+    root, nests = root_statements(func)
     if len(nests) != len(blocks) or any(
             block_name(n) != s.name_hint for n, s in zip(nests, stmts, strict=True)):
         return None
     if any(stage[k] < stage[k - 1] for k in range(1, len(blocks))):
         return None  # the stages interleave in the block order: not a chain to cut
     params = list(func.params)
-    constant = {int(i) for i in (func.attrs or {}).get(CONSTANT_PARAMS_ATTR, [])}
     allocs = list(root.alloc_buffers)
     count = max(stage.values()) + 1
     touched = [set() for _ in range(count)]
@@ -121,13 +116,10 @@ def split_stages(func: tirx.PrimFunc) -> list[tirx.PrimFunc] | None:
         own = [a for a in allocs if a in touched[j] and a not in crossing]
         stage_params = [p for p in params if p in touched[j]] + crossing
         body = [n for k, n in enumerate(nests) if stage[k] == j]
-        new_root = s_tir.SBlock([], [], [], "root",
-                                tirx.SeqStmt(body) if len(body) > 1 else body[0],
-                                alloc_buffers=own)
+        new_root = s_tir.SBlock([], [], [], "root", seq(*body), alloc_buffers=own)
         f = tirx.PrimFunc(stage_params, s_tir.SBlockRealize([], True, new_root))
         f = f.with_attr("tirx.noalias", True).with_attr("global_symbol", f"stage{j}")
-        marks = [i for i, p in enumerate(stage_params)
-                 if any(p.same_as(params[c]) for c in constant)]
+        marks = [i for i, p in enumerate(stage_params) if constant_param(func, p)]
         if marks:
             f = f.with_attr(CONSTANT_PARAMS_ATTR, marks)
         out.append(f)
@@ -140,7 +132,7 @@ def stitch(func: tirx.PrimFunc, stages: list[tirx.PrimFunc]) -> tirx.PrimFunc:
     params = set(func.params)
     allocs, body = [], []
     for stage in stages:
-        root, nests = _stmts(stage)
+        root, nests = root_statements(stage)
         allocs.extend(root.alloc_buffers)
         allocs.extend(p for p in stage.params if p not in params and p not in allocs)
         body.extend(nests)
