@@ -24,7 +24,6 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when run as a script
 
 import fusion_tvm  # noqa: E402
-from fusion_tvm.cost_models.hardware import HardwareSpec  # noqa: E402
 from fusion_tvm.errors import (  # noqa: E402
     CapacityError,
     InputMismatchError,
@@ -34,6 +33,7 @@ from fusion_tvm.errors import (  # noqa: E402
     UnsupportedOperatorError,
     UserInputError,
 )
+from fusion_tvm.hardware import HardwareSpec  # noqa: E402
 from fusion_tvm.testing.small_models import embedding_model  # noqa: E402
 from fusion_tvm.testing.small_models import float_model as _model  # noqa: E402
 from fusion_tvm.testing.small_models import two_input_model as _two_input_model  # noqa: E402

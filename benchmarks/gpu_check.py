@@ -87,7 +87,7 @@ def gpu_available() -> bool:
 
 # ---------------------------------------------------------------------------------- builds
 def build_ours(model, hw: str):
-    from fusion_tvm.targets.cuda.build import build_cuda
+    from fusion_tvm.api import build_cuda
 
     return build_cuda(model, hw=hw)
 

@@ -98,7 +98,7 @@ def _conv_nchwc_module(n, c, h, w, o, r, b):
     from tvm import relax
     from tvm.script import relax as R
 
-    from fusion_tvm.passes.cpu_layout import conv2d_nchwc_te
+    from fusion_tvm.targets.llvm_cpu.layout import conv2d_nchwc_te
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", R.Tensor((n, c // b, h, w, b), "float32"))
@@ -199,7 +199,7 @@ def _case(kind, p, rng):
 
     flops = 2 * n * o * h * w_ * c * r * r
     if kind == "conv_nchwc":
-        from fusion_tvm.cost_models.presets import get_hardware
+        from fusion_tvm.presets import get_hardware
         from fusion_tvm.targets.llvm_cpu._util import lanes
 
         blk = lanes(get_hardware("host"), 32)
@@ -221,7 +221,7 @@ def _case(kind, p, rng):
 
 def _work(kind: str, p: dict, inputs: list[np.ndarray]) -> tuple[dict, int]:
     """(FLOPs by op class, bytes moved) of a case, as the roofline cost model counts them."""
-    from fusion_tvm.cost_models.hardware import OpClass
+    from fusion_tvm.hardware import OpClass
 
     out_elems = {
         "matmul": p.get("m", 0) * p.get("n", 0),
@@ -265,8 +265,8 @@ def _worker(threads: int, reps: int, names: list[str], pause: float) -> list[dic
     from tvm import relax, tirx
 
     import fusion_tvm.targets  # noqa: F401
-    from fusion_tvm.cost_models.presets import get_hardware
     from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
+    from fusion_tvm.presets import get_hardware
     from fusion_tvm.targets.llvm_cpu import Fallback, LLVMCPUBackend
 
     class FallbackOnly(LLVMCPUBackend):

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from fusion_tvm.calibration._timing import TimingConfig
     from fusion_tvm.calibration.micro import measure_call
     from fusion_tvm.calibration.report import zoo_report
-    from fusion_tvm.cost_models.presets import get_hardware
+    from fusion_tvm.presets import get_hardware
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=MODELS)

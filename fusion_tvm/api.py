@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import time
@@ -13,24 +12,19 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .cost_models.hardware import HardwareSpec
 from .errors import InputMismatchError, UserInputError
 from .frontend import LoadedModel, load_model, load_torch
 from .frontend.index_checks import gather_index_ranges
 from .graph import default_dims
-from .passes.apply_target_schedule import RULE_ATTR
-from .pipeline import FusionMode, fusion_mode, make_pipeline
+from .hardware import HardwareSpec
+from .pipeline import FusionMode, fusion_mode, resolve, run_phases
 from .plan import FusionPlan
 from .search import SearchConfig
 from .shape_hints import check_names, sample_values
 from .threads import use_all_cores
-from .tuning.database import TuningDatabase
+from .tuning_db import TuningDatabase
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-#: Name of the catch-all schedule rule; a fused group landing on it is split again.
-FALLBACK_RULE = "fallback"
-#: Re-searches after scheduling feedback (each forbids the groups that fell back).
-FEEDBACK_ROUNDS = 4
 
 
 def count_kernels(mod: tvm.IRModule) -> int:
@@ -47,40 +41,6 @@ def count_kernels(mod: tvm.IRModule) -> int:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func.body, visit)
     return count
-
-
-def fallback_groups(mod: tvm.IRModule, plan: FusionPlan) -> list[tuple[str, int, frozenset]]:
-    """Multi-op groups of ``plan`` whose PrimFunc only the fallback rule scheduled."""
-    fell_back = set()
-    for gv, func in mod.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
-            if str(func.attrs.get(RULE_ATTR, "")) == FALLBACK_RULE:
-                fell_back.add(gv.name_hint)
-    return [
-        (g.function, g.block_index, frozenset(g.node_ids))
-        for g in plan.groups
-        if len(g.node_ids) > 1 and g.kernel in fell_back
-    ]
-
-
-def record_rules(mod: tvm.IRModule, plan: FusionPlan | None) -> None:
-    """Set each group's ``scheduled_rule`` to the schedule rule that ran its kernel.
-
-    ``rule`` is the rule class the cost model priced before scheduling (``matmul`` for an
-    attention chain the CPU model prices as its contractions, say); ``scheduled_rule`` is
-    the name the target's rule wrote on the PrimFunc (``flash_attention``, ``staged_chain``).
-    """
-    if plan is None:
-        return
-    applied = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
-            rule = func.attrs.get(RULE_ATTR, None)
-            if rule is not None:
-                applied[gv.name_hint] = str(rule)
-    for g in plan.groups:
-        if g.kernel in applied:
-            g.scheduled_rule = applied[g.kernel]
 
 
 class CompiledModel:
@@ -228,32 +188,6 @@ def flatten_outputs(value) -> list[np.ndarray]:
     return out
 
 
-def fuse_and_schedule(loaded: LoadedModel, make, search: SearchConfig | None, schedule: bool):
-    """Run the prepare, fuse and schedule phases of ``make(config)``'s pipeline.
-
-    A fused group that only the unoptimised fallback could schedule is forbidden and the
-    search runs again (a few rounds at most). Returns the final pipeline parts, the fused
-    module before scheduling and the scheduled module.
-    """
-    parts = make(search)
-    with parts.target:
-        prepared = parts.prepare(loaded.mod)
-        fused = parts.fuse(prepared)
-        mod = parts.schedule(fused)
-        config = search or SearchConfig()
-        for _ in range(FEEDBACK_ROUNDS):
-            if parts.fuse_pass is None or not schedule:
-                break
-            failed = fallback_groups(mod, parts.fuse_pass.plan)
-            if not failed:
-                break
-            config = dataclasses.replace(config, forbidden=config.forbidden + tuple(failed))
-            parts = make(config)
-            fused = parts.fuse(prepared)
-            mod = parts.schedule(fused)
-    return parts, fused, mod
-
-
 def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     model: Any,
     target: str | None = None,
@@ -317,16 +251,11 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         for value in shape_hints.values():
             sample_values(value)
     database = TuningDatabase.of(tuning_db)
-
-    def make(config):
-        return make_pipeline(
-            target=target or "llvm", hw=hw, fusion=fusion_mode(fusion), schedule=schedule,
-            cost_model=cost_model, shape_hints=shape_hints, config=config, database=database,
-        )
-
-    parts, _fused, mod = fuse_and_schedule(loaded, make, search, schedule)
-    plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
-    record_rules(mod, plan)
+    resolved = resolve(target, hw)
+    result = run_phases(loaded.mod, resolved, fusion=fusion_mode(fusion), schedule=schedule,
+                        cost_model=cost_model, shape_hints=shape_hints, config=search,
+                        database=database)
+    parts, mod, plan = result.parts, result.mod, result.plan
     custom = parts.backend.build_model(mod, loaded, parts, plan)
     if custom is not None:
         return custom
@@ -343,6 +272,25 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         )
         result.compile_time_s = time.perf_counter() - start
     return result
+
+
+def build_cuda(model, hw: str = "h100", fusion: str = "cost", cost_model: str | None = None,
+               shape_dict=None):
+    """Prepare, fuse, schedule and lower ``model`` for CUDA on ``hw``; no device needed.
+
+    ``model`` is anything :func:`fusion_tvm.frontend.load_model` takes (ONNX path or
+    proto, IRModule). Returns a :class:`~fusion_tvm.targets.cuda.build.CudaBuild` (the
+    CUDA source, for :func:`~fusion_tvm.targets.cuda.build.nvcc_compile`).
+    """
+    from .targets.cuda.build import CudaBuild, cuda_source, scheduled_rules
+
+    loaded = load_model(model, shape_dict=shape_dict)
+    result = run_phases(loaded.mod, resolve("cuda", hw), fusion=fusion_mode(fusion),
+                        cost_model=cost_model)
+    executable = tvm.compile(result.mod, target=result.parts.target,
+                             relax_pipeline=result.parts.lower)
+    return CudaBuild(result.mod, executable, cuda_source(executable), result.plan,
+                     scheduled_rules(result.mod))
 
 
 def _specialized_variants(model, loaded: LoadedModel, specialize, options) -> dict:

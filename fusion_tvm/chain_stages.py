@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
-from .cost_models.hardware import OpClass
 from .graph import FusionGraph
+from .hardware import OpClass
 
 
 def assign_stages(order: Sequence[Hashable], preds: Callable, succs: Callable,

@@ -214,14 +214,13 @@ def _write_text(path: str, text: str, what: str) -> None:
 
 def search_plan(loaded, target: str, hw: str | None, shape_hints: dict,
                 progress: Progress):
-    """Run the pipeline's prepare + fuse phases only (no build) and return the plan."""
-    from .pipeline import make_pipeline
+    """The plan of the partition ``compile`` builds: the phases up to scheduling (with its
+    feedback), no code generated."""
+    from .pipeline import resolve, run_phases
 
-    parts = make_pipeline(target=target, hw=hw, fusion="cost", shape_hints=shape_hints)
-    with progress.step(f"searching fusion plan ({parts.hw.name})"), parts.target:
-        mod = parts.prepare(loaded.mod)
-        parts.fuse(mod)
-    return parts.fuse_pass.plan
+    resolved = resolve(target, hw)
+    with progress.step(f"searching fusion plan ({resolved.hw.name})"):
+        return run_phases(loaded.mod, resolved, shape_hints=shape_hints).plan
 
 
 def _plan_json(plan, loaded, model: str, hints: Sequence[ShapeHint]) -> dict:
@@ -275,7 +274,7 @@ def cmd_plan(args, progress: Progress) -> int:
 
 def _check_target_hw(args) -> None:
     """Resolve --target / --hw before the (slow) import so their errors come first."""
-    from .cost_models.presets import get_hardware
+    from .presets import get_hardware
     from .targets.base import get_backend
 
     get_backend(args.target)
@@ -684,7 +683,7 @@ def _hw_summary(spec) -> dict:
 
 def cmd_hw(args, progress: Progress) -> int:
     """List, show (or calibrate) hardware presets."""
-    from .cost_models.presets import get_hardware, list_hardware
+    from .presets import get_hardware, list_hardware
 
     if args.hw_command == "calibrate":
         return _calibrate_hook(args, progress)

@@ -20,7 +20,7 @@ from .errors import InternalError
 from .graph import FusionGraph
 
 
-def _group_name(graph: FusionGraph, members: Sequence[int]) -> str:
+def group_name(graph: FusionGraph, members: Sequence[int]) -> str:
     parts = []
     for i in members:
         name = graph.nodes[i].func_name
@@ -81,7 +81,7 @@ def _emit_group(
         if var in used_later or any(c not in inner for c in t.consumers) or t.escapes:
             published.append(var)
     if not published:
-        raise InternalError(f"group {_group_name(graph, members)} publishes no output")
+        raise InternalError(f"group {group_name(graph, members)} publishes no output")
     if len(published) == 1:
         out_var = relax.Var("gv", published[0].ty)
         bindings.append(relax.VarBinding(out_var, remap[published[0]]))
@@ -110,7 +110,7 @@ def _emit_group(
     func = relax.Function(params, body, out_var.ty, is_pure=True)
     # Symbolic dims must not be shared with the caller: give the group its own copies.
     func = relax.utils.copy_with_new_vars(func).with_attr("Primitive", True)
-    gv = bb.add_func(func, _group_name(graph, members))
+    gv = bb.add_func(func, group_name(graph, members))
     return gv, args, published
 
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .chain_stages import chain_stages
-from .cost_models.hardware import OpClass
 from .graph import FusionGraph
+from .hardware import OpClass
 from .ops import PatternKind
 
 
@@ -46,10 +46,6 @@ class FusionDecision:
     def forbid(cls, reason: str) -> FusionDecision:
         """A 'no' with its reason."""
         return cls(False, reason)
-
-
-#: Query rows per block of the CPU attention template (``targets/llvm_cpu/attention.py``).
-ATTENTION_ROW_BLOCK = 4
 
 
 @dataclass(frozen=True)
@@ -85,6 +81,10 @@ class TemplateLimits:
     attention_parts : bool
         With ``attention``: the templates also take a contiguous part of the chain (``Q K^T``
         with its softmax, the softmax with ``P V``), not only the whole of it.
+    attention_row_block : int, optional
+        Query rows per block of the target's row-wise attention template; a chain whose
+        static row count is not a multiple of it is refused (the template would run one row
+        at a time). None: the templates take any row count.
     """
 
     max_contractions: int = 1
@@ -95,6 +95,7 @@ class TemplateLimits:
     online_softmax: bool = False
     staged_chains: bool = False
     attention_parts: bool = True
+    attention_row_block: int | None = None
 
 
 @dataclass(frozen=True)
@@ -285,15 +286,15 @@ def check_templates(
                 "the target's attention template takes the whole softmax(Q K^T) V chain only")
         rows = graph.tensors[contractions[0].outputs[0]].shape[-2:-1]
         static = [int(r) for r in rows if isinstance(r, int) or hasattr(r, "value")]
-        if not static or static[0] % ATTENTION_ROW_BLOCK == 0:
+        block = limits.attention_row_block
+        if block is None or not static or static[0] % block == 0:
             return FusionDecision.allow()
         if limits.online_softmax and _whole_float_chain(graph, group, contractions):
             return FusionDecision.allow()  # the online template clamps its last row tile
         if not side:
-            # One query row at a time measured 2x slower than three kernels (ViT, S = 197).
             return FusionDecision.forbid(
-                f"attention with {static[0]} query rows (not a multiple of "
-                f"{ATTENTION_ROW_BLOCK}): the template's row blocks do not fit"
+                f"attention with {static[0]} query rows (not a multiple of {block}): the "
+                "target's row-wise attention template's row blocks do not fit"
             )
         # Q K^T then the softmax: the matmul rule's GEMM and a staged row pass after it.
     stages = chain_stages(graph, group) if limits.staged_chains else None

@@ -8,12 +8,20 @@ Phases (each a ``tvm.transform.Sequential``):
    packed at compile time (``MarkConstantParams``, ``PrepackWeights``);
 4. **lower** — the stock VM lowering (no further fusion).
 
+Every front door (``compile``, ``tune``, the CLI's ``plan`` / ``explain``, the CUDA build,
+the registered pipeline) resolves its target, backend and hardware spec once
+(:func:`resolve`) and runs the phases through one runner, :func:`run_phases`: a fused
+group that only the catch-all fallback rule could schedule is forbidden and the search
+runs again, so the plan every door reports is the partition that is built.
+
 ``relax.register_pipeline("fusion_tvm")`` makes ``tvm.compile(mod, target,
-relax_pipeline="fusion_tvm")`` use it; every factory argument has a default.
+relax_pipeline="fusion_tvm")`` use it; every factory argument has a default, and the
+target is the one ``tvm.compile`` runs it under (``tvm.target.Target.current()``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,11 +29,12 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from .attrs import RULE_ATTR
 from .cost_models.base import CostModel, get_cost_model
-from .cost_models.hardware import HardwareSpec
-from .cost_models.presets import get_hardware
-from .errors import UnknownNameError
+from .errors import UnknownNameError, UserInputError
+from .hardware import HardwareSpec
 from .legality import FusionKinds
+from .passes.apply_target_schedule import ApplyTargetSchedule
 from .passes.combine_sibling_convs import CombineSiblingConvs
 from .passes.combine_siblings import combine_siblings
 from .passes.expand_small_powers import ExpandSmallPowers
@@ -37,8 +46,13 @@ from .passes.mark_noalias import MarkShapeFuncsNoAlias
 from .passes.prepack_weights import PrepackWeights
 from .passes.sort_shape_func_stores import SortShapeFuncStores
 from .passes.split_to_slices import SplitToSlices
+from .plan import FusionPlan
+from .presets import get_hardware
 from .search import SearchConfig
-from .targets.base import Backend, get_backend
+from .targets.base import Backend, catch_all_names, get_backend
+
+#: Re-searches after scheduling feedback (each forbids the groups that fell back).
+FEEDBACK_ROUNDS = 4
 
 
 class FusionMode(str, enum.Enum):
@@ -129,8 +143,70 @@ class PipelineParts:
     backend: Backend
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """The target of one front-door call, resolved once and handed down.
+
+    Attributes
+    ----------
+    backend : Backend
+    hw : HardwareSpec
+    target : tvm.target.Target
+        The TVM target the schedule rules size for and the build compiles for.
+    """
+
+    backend: Backend
+    hw: HardwareSpec
+    target: tvm.target.Target
+
+
+def resolve(target: str | Backend | tvm.target.Target | Resolved | None = None,
+            hw: str | HardwareSpec | None = None) -> Resolved:
+    """Backend, hardware spec and TVM target from what a user names.
+
+    ``target`` is a backend name (``"llvm"``, ``"cuda"``, ``"hls"``), a :class:`Backend`,
+    or a TVM ``Target`` (``Target({"kind": "cuda", "arch": "sm_90"})``: the CUDA backend,
+    with the GPU preset of that arch unless ``hw`` names one); None is the host CPU.
+    """
+    if isinstance(target, Resolved):
+        return target
+    if isinstance(target, tvm.target.Target):
+        return _resolve_tvm_target(target, hw)
+    backend = get_backend(target if target is not None else "llvm")
+    spec = get_hardware(hw if hw is not None else backend.default_hardware)
+    return Resolved(backend, spec, backend.target(spec))
+
+
+def _resolve_tvm_target(target: tvm.target.Target, hw) -> Resolved:
+    kind = target.kind.name
+    if kind == "cuda":
+        backend = get_backend("cuda")
+        if hw is None:
+            arch = str(target.attrs.get("arch", "")) if "arch" in target.attrs else ""
+            hw = _gpu_preset_for(arch) or backend.default_hardware
+        spec = get_hardware(hw)
+        return Resolved(backend, spec, backend.target(spec))
+    if kind in ("llvm", "c"):
+        backend = get_backend("llvm")
+        spec = get_hardware(hw if hw is not None else backend.default_hardware)
+        return Resolved(backend, spec, backend.target(spec))
+    raise UserInputError(
+        f"target kind '{kind}' has no fusion_tvm backend; use an llvm or cuda target")
+
+
+def _gpu_preset_for(arch: str) -> str | None:
+    """The first GPU preset (by name) whose compute capability is ``arch`` (``sm_90``)."""
+    from .presets import list_hardware
+
+    for name in list_hardware():
+        spec = get_hardware(name)
+        if spec.gpu is not None and arch and spec.gpu.arch == arch:
+            return name
+    return None
+
+
 def make_pipeline(
-    target: str | Backend = "llvm",
+    target: str | Backend | Resolved = "llvm",
     hw: str | HardwareSpec | None = None,
     fusion: str | FusionMode = FusionMode.COST,
     schedule: bool = True,
@@ -140,9 +216,9 @@ def make_pipeline(
     database=None,
 ) -> PipelineParts:
     """Configure the pipeline's phases for a target (``database``: tuned knob values,
-    a :class:`~fusion_tvm.tuning.database.TuningDatabase` or its file)."""
-    backend = get_backend(target)
-    hw = get_hardware(hw if hw is not None else backend.default_hardware)
+    a :class:`~fusion_tvm.tuning_db.TuningDatabase` or its file)."""
+    resolved = resolve(target, hw)
+    backend, hw = resolved.backend, resolved.hw
     mode = fusion_mode(fusion)
     fuse_pass = None
     if mode is FusionMode.COST:
@@ -155,8 +231,6 @@ def make_pipeline(
         fuse = [relax.transform.FuseOps(), relax.transform.FuseTIR()]
     else:
         fuse = []
-    from .passes.apply_target_schedule import ApplyTargetSchedule
-
     # Rules learn which inputs are constants; packing stages of constants then run once,
     # here, instead of on every call.
     sched = (
@@ -175,29 +249,146 @@ def make_pipeline(
         schedule=tvm.transform.Sequential(sched, name="fusion_tvm.schedule"),
         lower=tvm.transform.Sequential(lower_passes(), name="fusion_tvm.lower"),
         fuse_pass=fuse_pass,
-        target=backend.target(hw),
+        target=resolved.target,
         hw=hw,
         backend=backend,
     )
 
 
-def build_pipeline(**kwargs) -> tvm.transform.Pass:
-    """The whole pipeline as one pass (arguments as :func:`make_pipeline`)."""
-    parts = make_pipeline(**kwargs)
-    seq = tvm.transform.Sequential(
-        [parts.prepare, parts.fuse, parts.schedule, parts.lower], name="fusion_tvm"
-    )
+@dataclass
+class PhaseResult:
+    """What :func:`run_phases` produced.
+
+    Attributes
+    ----------
+    parts : PipelineParts
+        The phases of the last round (its ``lower`` phase builds the module).
+    fused : IRModule
+        After fusion (FuseTIR), before scheduling.
+    mod : IRModule
+        After scheduling (``fused`` when scheduling is off).
+    plan : FusionPlan or None
+        The cost-model plan of the partition in ``mod``, each group's ``scheduled_rule``
+        recorded; None unless ``fusion="cost"``.
+    """
+
+    parts: PipelineParts
+    fused: tvm.IRModule
+    mod: tvm.IRModule
+    plan: FusionPlan | None
+
+
+def run_phases(
+    mod: tvm.IRModule,
+    resolved: Resolved,
+    fusion: str | FusionMode = FusionMode.COST,
+    schedule: bool = True,
+    cost_model: str | CostModel | None = None,
+    shape_hints: Mapping[str, int] | None = None,
+    config: SearchConfig | None = None,
+    database=None,
+    feedback_rounds: int = FEEDBACK_ROUNDS,
+) -> PhaseResult:
+    """Prepare, fuse and schedule ``mod`` for ``resolved``: the one phase runner.
+
+    With scheduling on, a fused group that only the fallback rule could schedule is
+    forbidden and the search runs again (``feedback_rounds`` at most), so the plan is the
+    partition that is built. Arguments as :func:`make_pipeline`.
+    """
+
+    def make(cfg):
+        return make_pipeline(resolved, fusion=fusion, schedule=schedule, cost_model=cost_model,
+                             shape_hints=shape_hints, config=cfg, database=database)
+
+    parts = make(config)
+    catch_all = catch_all_names(parts.backend.schedule_rules(parts.hw))
+    with parts.target:
+        prepared = parts.prepare(mod)
+        fused = parts.fuse(prepared)
+        scheduled = parts.schedule(fused)
+        cfg = config or SearchConfig()
+        for _ in range(feedback_rounds):
+            if parts.fuse_pass is None or not schedule:
+                break
+            failed = fallback_groups(scheduled, parts.fuse_pass.plan, catch_all)
+            if not failed:
+                break
+            cfg = dataclasses.replace(cfg, forbidden=cfg.forbidden + tuple(failed))
+            parts = make(cfg)
+            fused = parts.fuse(prepared)
+            scheduled = parts.schedule(fused)
+    plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
+    record_rules(scheduled, plan)
+    return PhaseResult(parts, fused, scheduled, plan)
+
+
+def fallback_groups(mod: tvm.IRModule, plan: FusionPlan, catch_all: frozenset[str]
+                    ) -> list[tuple[str, int, frozenset]]:
+    """Multi-op groups of ``plan`` whose PrimFunc only a catch-all rule (``catch_all``:
+    their names) scheduled."""
+    fell_back = set()
+    for gv, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
+            if str(func.attrs.get(RULE_ATTR, "")) in catch_all:
+                fell_back.add(gv.name_hint)
+    return [
+        (g.function, g.block_index, frozenset(g.node_ids))
+        for g in plan.groups
+        if len(g.node_ids) > 1 and g.kernel in fell_back
+    ]
+
+
+def record_rules(mod: tvm.IRModule, plan: FusionPlan | None) -> None:
+    """Set each group's ``scheduled_rule`` to the schedule rule that ran its kernel.
+
+    ``rule`` is the rule class the cost model priced before scheduling (``matmul`` for an
+    attention chain the CPU model prices as its contractions, say); ``scheduled_rule`` is
+    the name the target's rule wrote on the PrimFunc (``flash_attention``, ``staged_chain``).
+    """
+    if plan is None:
+        return
+    applied = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
+            rule = func.attrs.get(RULE_ATTR, None)
+            if rule is not None:
+                applied[gv.name_hint] = str(rule)
+    for g in plan.groups:
+        if g.kernel in applied:
+            g.scheduled_rule = applied[g.kernel]
+
+
+def build_pipeline(
+    target: str | Backend | tvm.target.Target | None = None,
+    hw: str | HardwareSpec | None = None,
+    fusion: str | FusionMode = FusionMode.COST,
+    schedule: bool = True,
+    cost_model: str | CostModel | None = None,
+    shape_hints: Mapping[str, int] | None = None,
+    config: SearchConfig | None = None,
+    database=None,
+) -> tvm.transform.Pass:
+    """The whole pipeline as one pass: :func:`run_phases`, then the VM lowering.
+
+    With ``target`` None the pass follows the target it runs under
+    (``tvm.target.Target.current()``, as ``tvm.compile`` sets it), else the host CPU.
+    """
 
     @tvm.transform.module_pass(opt_level=0, name="fusion_tvm.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        with parts.target:
-            return seq(mod)
+        chosen = target if target is not None else tvm.target.Target.current(allow_none=True)
+        resolved = resolve(chosen, hw)
+        result = run_phases(mod, resolved, fusion=fusion, schedule=schedule,
+                            cost_model=cost_model, shape_hints=shape_hints, config=config,
+                            database=database)
+        with result.parts.target:
+            return result.parts.lower(result.mod)
 
     return _pipeline
 
 
 def _registered_pipeline(
-    target: str = "llvm",
+    target: str | None = None,
     hw: str | HardwareSpec | None = None,
     fusion: str = "cost",
     schedule: bool = True,

@@ -21,7 +21,6 @@ import pytest
 from onnx import TensorProto, helper
 
 import fusion_tvm
-from fusion_tvm.cost_models.hardware import HardwareSpec
 from fusion_tvm.errors import (
     CapacityError,
     InputMismatchError,
@@ -31,6 +30,7 @@ from fusion_tvm.errors import (
     UnsupportedOperatorError,
     UserInputError,
 )
+from fusion_tvm.hardware import HardwareSpec
 from fusion_tvm.testing.random_onnx import compare, random_model
 from fusion_tvm.testing.small_models import float_model as _model
 from fusion_tvm.testing.small_models import two_input_model as _two_input_model

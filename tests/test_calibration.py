@@ -24,8 +24,8 @@ from fusion_tvm.calibration.micro import (  # noqa: E402
     triad_func,
 )
 from fusion_tvm.calibration.report import median_ape, spearman  # noqa: E402
-from fusion_tvm.cost_models.hardware import HardwareSpec  # noqa: E402
-from fusion_tvm.cost_models.presets import get_hardware  # noqa: E402
+from fusion_tvm.hardware import HardwareSpec  # noqa: E402
+from fusion_tvm.presets import get_hardware  # noqa: E402
 from fusion_tvm.targets import get_backend  # noqa: E402
 
 

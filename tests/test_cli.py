@@ -141,7 +141,7 @@ def test_hw_list_and_show(capsys):
     names = json.loads(capsys.readouterr().out)
     assert {"ci-x86-avx2", "h100", "u250"} <= {r["name"] for r in names}
     spec = json.loads(ok(cli("hw", "show", HW, "--json")).stdout)
-    from fusion_tvm.cost_models.hardware import HardwareSpec
+    from fusion_tvm.hardware import HardwareSpec
 
     assert HardwareSpec.from_json(spec).name == HW
 

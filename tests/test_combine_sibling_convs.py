@@ -20,7 +20,6 @@ import fusion_tvm
 from benchmarks import zoo
 from benchmarks.ablation import CASES, inputs
 from benchmarks.zoo.builder import GraphBuilder
-from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.cost_models.roofline import RooflineCostModel
 from fusion_tvm.frontend import load_model
 from fusion_tvm.legality import FusionKinds
@@ -35,6 +34,7 @@ from fusion_tvm.passes.combine_sibling_convs import (
     sibling_conv_groups,
 )
 from fusion_tvm.pipeline import prepare_passes
+from fusion_tvm.presets import get_hardware
 from fusion_tvm.search import SearchConfig
 from fusion_tvm.targets import get_backend
 

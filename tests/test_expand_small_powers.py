@@ -157,7 +157,7 @@ def _calls(func):
 
 def test_a_pow_left_in_tir_is_priced_as_transcendental_unless_llvm_expands_it():
     """``pow(x, 2)`` becomes ``x * x`` in LLVM; ``pow(x, 3)`` stays a libm call."""
-    from fusion_tvm.cost_models.hardware import OpClass
+    from fusion_tvm.hardware import OpClass
     from fusion_tvm.tir_analysis import analyze_primfunc
 
     def power(c):

@@ -122,3 +122,31 @@ def test_fallback_feedback_splits_groups_templates_cannot_schedule(monkeypatch):
     assert not any(set(g.node_ids) >= {0, 1, 2} for g in split.plan.groups)
     data = np.random.default_rng(0).standard_normal(SHAPE).astype("float32")
     np.testing.assert_allclose(split.run([data])[0], fused.run([data])[0], rtol=1e-5)
+
+
+def test_plan_command_shows_the_partition_that_is_built(monkeypatch):
+    """``fusion-tvm plan`` / ``explain`` / the HTML report (``cli.search_plan``) run the
+    scheduling feedback too: where it splits a group, the plan's kernel count is the built
+    one (the plan stopped at the search used to report 1 kernel for a build of 3)."""
+    import fusion_tvm
+    from fusion_tvm.cli import Progress, search_plan
+    from fusion_tvm.frontend import load_model
+    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+    from fusion_tvm.targets.llvm_cpu.fallback import Fallback
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit_te(topi.exp, x, primfunc_name_hint="exp")
+            b = bb.emit_te(topi.add, a, x, primfunc_name_hint="add")
+            c = bb.emit_te(topi.nn.relu, b, primfunc_name_hint="relu")
+            out = bb.emit_output(c)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    monkeypatch.setattr(LLVMCPUBackend, "schedule_rules", lambda self, hw: (Fallback(),))
+    built = fusion_tvm.compile(mod, hw="ci-x86-avx2")
+    plan = search_plan(load_model(mod), "llvm", "ci-x86-avx2", {}, Progress(quiet=True))
+    assert built.num_kernels > 1
+    assert plan.num_kernels == built.plan.num_kernels == built.num_kernels
+    assert [g.node_ids for g in plan.groups] == [g.node_ids for g in built.plan.groups]

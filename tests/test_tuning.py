@@ -11,16 +11,15 @@ from tvm import relax, tirx
 from tvm.script import relax as R
 
 import fusion_tvm
-from fusion_tvm.api import fuse_and_schedule
 from fusion_tvm.cli import main as cli_main
 from fusion_tvm.errors import UserInputError
 from fusion_tvm.frontend import load_model
 from fusion_tvm.passes.apply_target_schedule import KNOBS_ATTR, RULE_ATTR
 from fusion_tvm.passes.mark_constant_params import MarkConstantParams
-from fusion_tvm.pipeline import make_pipeline
+from fusion_tvm.pipeline import resolve, run_phases
 from fusion_tvm.threads import physical_cores, use_all_cores
 from fusion_tvm.tuning import TuningDatabase, TuningRecord, tune, workload_key
-from fusion_tvm.tuning.database import target_key
+from fusion_tvm.tuning_db import target_key
 
 RNG = np.random.default_rng(11)
 
@@ -57,8 +56,8 @@ def _linear_model(m):
 
 def _fused_kernels(mod) -> dict:
     """Unscheduled fused PrimFuncs of ``mod`` (as the schedule phase sees them)."""
-    parts, fused, _ = fuse_and_schedule(load_model(mod), lambda c: make_pipeline(config=c),
-                                        None, True)
+    result = run_phases(load_model(mod).mod, resolve())
+    parts, fused = result.parts, result.fused
     with parts.target:
         fused = MarkConstantParams()(fused)
     return parts, {gv.name_hint: f for gv, f in fused.functions_items()

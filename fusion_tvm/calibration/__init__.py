@@ -21,8 +21,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cost_models.hardware import HardwareSpec
-from ..cost_models.presets import get_hardware
+from ..hardware import HardwareSpec
+from ..presets import get_hardware
 from ._timing import RemoteRunner, Runner, TimingConfig
 from .micro import CalibrationResult, run_calibration
 

@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from ..grouping import _group_name
+from ..grouping import group_name
 from ..passes.apply_target_schedule import RULE_ATTR
 from ..plan import GroupPlan
 from ._timing import Runner
@@ -82,7 +82,7 @@ def plan_kernels(cm) -> list[Kernel]:
         name = getattr(gp, "kernel", "") or None
         if name not in prims:
             expect = graph.nodes[members[0]].func_name if len(members) == 1 \
-                else _group_name(graph, members)
+                else group_name(graph, members)
             if gp.function not in callees:
                 callees[gp.function] = _callees(mod, gp.function)
             called = [c for op in gp.ops for c in callees[gp.function].get(op, [])]

@@ -35,7 +35,7 @@ import tvm
 from tvm import relax
 from tvm.script import tirx as T
 
-from ..cost_models.hardware import HardwareSpec, MemoryLevel
+from ..hardware import HardwareSpec, MemoryLevel
 from ..ops import OpClass
 from ._timing import Runner
 from .kernels import plan_kernels, time_kernel

@@ -17,7 +17,7 @@ import socket
 
 import numpy as np
 
-from ..cost_models.hardware import HardwareSpec
+from ..hardware import HardwareSpec
 from ._timing import RemoteRunner, TimingConfig
 
 

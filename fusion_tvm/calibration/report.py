@@ -275,7 +275,7 @@ def zoo_report(models: Sequence[str], hw, runner: Runner, call_s: float, small: 
     """The report over zoo models (``benchmarks.zoo`` must be importable)."""
     from benchmarks import zoo
 
-    from ..cost_models.presets import get_hardware
+    from ..presets import get_hardware
 
     spec = get_hardware(hw)
     report = PredictionReport(spec.to_json(), call_s, spec.parallel_overhead_s)

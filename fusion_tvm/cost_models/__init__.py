@@ -1,10 +1,10 @@
 """Cost models, hardware specs and presets."""
 
-# importing the modules registers "roofline", "fpga" and "gpu"
-from . import fpga, gpu, roofline  # noqa: F401
+# importing registers "roofline"; the targets register their own ("gpu", "fpga")
+from ..hardware import DeviceKind, FpgaResources, GpuLimits, HardwareSpec, MemoryLevel, OpClass
+from ..presets import get_hardware, list_hardware, register_hardware
+from . import roofline  # noqa: F401
 from .base import Cost, CostModel, get_cost_model, list_cost_models, register_cost_model
-from .hardware import DeviceKind, FpgaResources, GpuLimits, HardwareSpec, MemoryLevel, OpClass
-from .presets import get_hardware, list_hardware, register_hardware
 
 __all__ = [
     "Cost",

@@ -14,37 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import UnknownNameError
-from .hardware import HardwareSpec
+from ..hardware import HardwareSpec
+from ..kernel_model import KernelModel
 
 if TYPE_CHECKING:
     from ..graph import FusionGraph
-
-
-@dataclass(frozen=True)
-class KernelTraits:
-    """What a backend's schedule rule makes of a group beyond its parallel loops, for the
-    analytical models (a backend answers ``kernel_traits(graph, group, rule, hw)``, or None
-    where the generic estimate applies).
-
-    Attributes
-    ----------
-    main_parallel : bool
-        Whether the kernel's main loop (output rows) runs on all cores; a kernel can have
-        parallel side passes (padding) around a serial main loop.
-    staged_bytes : float
-        Bytes of a staging copy the kernel writes and reads back (a padded input).
-    recompute : dict
-        FLOPs by op class of inlined producers evaluated more than once per element, beyond
-        the one evaluation the graph counts.
-    parallel_regions : int, optional
-        The kernel's parallel loops when the backend counted them with the rest (then its
-        ``parallel_regions`` hook is not asked again).
-    """
-
-    main_parallel: bool
-    staged_bytes: float = 0.0
-    recompute: dict = field(default_factory=dict)
-    parallel_regions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,14 +60,17 @@ class CostModel(abc.ABC):
     hw : HardwareSpec
         The device the model predicts for.
     backend : Backend, optional
-        The target backend; tells which schedule rule would handle a group.
+        The target backend. The model asks it what its rules make of a group through
+        :class:`~fusion_tvm.kernel_model.KernelModel` (``self.kernels``; with no backend, a
+        model that answers None everywhere: the generic estimate).
     """
 
     name: str = ""
 
-    def __init__(self, hw: HardwareSpec, backend=None):
+    def __init__(self, hw: HardwareSpec, backend: KernelModel | None = None):
         self.hw = hw
         self.backend = backend
+        self.kernels: KernelModel = backend if backend is not None else KernelModel()
 
     @abc.abstractmethod
     def estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:

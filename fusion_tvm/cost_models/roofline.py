@@ -11,7 +11,8 @@ For one candidate group (one kernel):
   + max(compute, memory) / efficiency + intermediate traffic, where the efficiency is the
   calibrated fraction of the roofline that the schedule rule handling the group reaches
   on groups of its shape class (``hw.efficiency["rule:class"]``, else ``["rule"]``, else
-  ``backend.rule_efficiency``), and a parallel region is one fork/join of the thread pool
+  the target's ``KernelModel.rule_efficiency``), and a parallel region is one fork/join
+  of the thread pool
   (``hw.parallel_overhead_s`` for the first, ``hw.parallel_region_s`` for each further
   one; see :func:`parallel_regions`).
 """
@@ -23,10 +24,11 @@ from collections.abc import Mapping
 
 from ..chain_stages import chain_stages
 from ..graph import FusionGraph, PatternKind
+from ..hardware import DeviceKind, OpClass
+from ..kernel_model import KernelModel
 from ..legality import GroupKind, classify, row_stage
 from ..tir_analysis import evaluate
 from .base import Cost, CostModel, register_cost_model
-from .hardware import DeviceKind, OpClass
 
 #: Fraction of the roofline assumed per rule when neither the hardware spec nor the
 #: backend provides a calibrated figure.
@@ -39,8 +41,8 @@ DEFAULT_RULE_EFFICIENCY = {
 }
 
 
-#: Generic thresholds for a CPU backend without a ``parallel_regions`` hook (the LLVM-CPU
-#: backend answers itself from the HardwareSpec, ``targets/llvm_cpu/parallel.py``), so
+#: Generic thresholds for a CPU target that does not count its parallel loops (the LLVM-CPU
+#: target answers itself from the HardwareSpec, ``targets/llvm_cpu/kernel_model.py``), so
 #: the model charges the thread pool to the kernels that are likely parallelised:
 #: spatial blocks of at least this many elements (elementwise, fallback, conv padding) ...
 PARALLEL_MIN_ELEMENTS = 1 << 14
@@ -82,7 +84,7 @@ def _dims_of(graph: FusionGraph, tid: int) -> list[float]:
     return [evaluate(d, graph.dims) for d in graph.tensors[tid].shape]
 
 
-def _conv_kind(graph: FusionGraph, group, hw) -> str:
+def conv_kind(graph: FusionGraph, group, hw) -> str:
     """Which CPU conv kernel the (NCHW) convolution of ``group`` gets: ``row`` vectors
     (width a multiple of 4), ``channel`` vectors (narrow rows, channels a multiple of the
     SIMD lanes), else the plain ``window`` nest of the reduction rule (the conv template
@@ -104,8 +106,8 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
                      flops: Mapping[OpClass, float], published: list[int]) -> int:
     """Thread-pool fork/joins of the kernel a CPU backend makes of ``group``.
 
-    The generic answer, for backends without a ``parallel_regions`` hook (the LLVM-CPU
-    backend has one) and for its conv2d kernels: conv2d always runs its output rows in
+    The generic answer, for targets that do not count their kernels' parallel loops (the
+    LLVM-CPU target does) and for its conv2d kernels: conv2d always runs its output rows in
     parallel, plus one parallel weight repack when the output rows are too narrow to
     vectorise (width not a multiple of 4); matmul packs B in parallel when A has many row
     tiles, and runs its tiles in parallel from ``PARALLEL_MIN_FLOPS``; a reduction runs its
@@ -121,7 +123,7 @@ def parallel_regions(graph: FusionGraph, group: frozenset[int], rule: str, hw,
     main = [_dims_of(graph, graph.nodes[n].outputs[0]) for n in sorted(group)
             if graph.nodes[n].is_contraction]
     if rule == "conv2d":
-        return 2 if _conv_kind(graph, group, hw) == "channel" else 1
+        return 2 if conv_kind(graph, group, hw) == "channel" else 1
     if rule == "matmul":
         rows = max((d[-2] for d in main if len(d) >= 2), default=1.0)
         mr = 1
@@ -153,7 +155,7 @@ def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
     """Reads per element of input ``k`` of ``node`` in a row-wise (reduction rule) kernel.
 
     An input smaller than the output is broadcast; the rule only accepts groups whose
-    intermediates are indexed by the row (``_row_local``), so the broadcast is along the
+    intermediates are indexed by the row (``row_schedule.row_local``), so the broadcast is along the
     in-row axes and the value is computed once per row, outside the column loop.
     """
     reuse = node.reuse(k, graph.dims)
@@ -162,12 +164,12 @@ def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
     return min(reuse, 1.0) if size < out else reuse
 
 
-def rule_for_group(graph: FusionGraph, group: frozenset[int], backend=None) -> str:
-    """The schedule rule expected to handle ``group`` (backend's answer when it has one)."""
-    if backend is not None and hasattr(backend, "rule_for_group"):
-        name = backend.rule_for_group(graph, group)
-        if name:
-            return name
+def rule_for_group(graph: FusionGraph, group: frozenset[int],
+                   kernels: KernelModel | None = None) -> str:
+    """The schedule rule expected to handle ``group`` (the target's answer when it has one)."""
+    name = kernels.rule_for_group(graph, group) if kernels is not None else None
+    if name:
+        return name
     kind = classify(graph, group)
     if kind is GroupKind.CONTRACTION:
         ops = {graph.nodes[i].op_class for i in group}
@@ -223,11 +225,9 @@ class RooflineCostModel(CostModel):
             for key in keys:
                 if key in table:
                     return table[key]
-        if self.backend is not None:
-            table = getattr(self.backend, "rule_efficiency", None) or {}
-            for key in keys:
-                if key in table:
-                    return table[key]
+        given = self.kernels.rule_efficiency(rule, cls)
+        if given is not None:
+            return given
         return DEFAULT_RULE_EFFICIENCY.get(rule, self.hw.default_efficiency)
 
     # ----------------------------------------------------------------- estimate
@@ -250,8 +250,7 @@ class RooflineCostModel(CostModel):
         stage = self.estimate(graph, frozenset(staged))
         gemm = self.estimate(graph, group - staged)
         # One launch, and the fork/joins of the kernel as the rule schedules it.
-        hook = getattr(self.backend, "parallel_regions", None)
-        regions = hook(graph, group, "matmul", self.hw) if callable(hook) else None
+        regions = self.kernels.parallel_regions(graph, group, "matmul", self.hw)
         if regions is None:
             regions = (gemm.detail.get("parallel_regions", 0)
                        + stage.detail.get("parallel_regions", 0))
@@ -319,7 +318,7 @@ class RooflineCostModel(CostModel):
         stages = chain_stages(graph, group)
         if stages is not None:
             return self._chained(graph, stages)
-        rule = rule_for_group(graph, group, self.backend)
+        rule = rule_for_group(graph, group, self.kernels)
         # The reduction rule runs the chain row by row: a producer of a reduction stays a
         # block whose row is kept in cache (not inlined, runs once), and a per-row value
         # read by an in-row broadcast is loop-invariant in the column loop (hoisted).
@@ -370,7 +369,7 @@ class RooflineCostModel(CostModel):
                 flops[cls] = flops.get(cls, 0.0) + f * mult[n]
         conv = "row"
         if rule == "conv2d" and hw.kind is DeviceKind.CPU:
-            conv = _conv_kind(graph, group, hw)
+            conv = conv_kind(graph, group, hw)
             if conv == "window":  # the conv template declines; the reduction rule takes it
                 rule = "reduction"
         # External inputs move once, but only the part a member reads (gathers, slices).
@@ -382,8 +381,7 @@ class RooflineCostModel(CostModel):
                     continue
                 frac = node.touched_fraction(k, dims)
                 touched[tid] = max(touched.get(tid, 0.0), frac)
-        traits_hook = getattr(self.backend, "kernel_traits", None)
-        traits = traits_hook(graph, group, rule, hw) if callable(traits_hook) else None
+        traits = self.kernels.kernel_traits(graph, group, rule, hw)
         if traits is not None:
             for c, f in traits.recompute.items():
                 flops[c] = flops.get(c, 0.0) + f
@@ -408,15 +406,16 @@ class RooflineCostModel(CostModel):
         internal_s = 2.0 * internal_bytes / inner_bw
         # The rule's efficiency is the fraction of the roofline it reaches (calibrated);
         # every parallel loop of the kernel also forks and joins the thread pool.
-        hook = getattr(self.backend, "parallel_regions", None)
         if traits is not None and traits.parallel_regions is not None:
-            regions = traits.parallel_regions  # the backend worked them out with the traits
+            regions = traits.parallel_regions  # the target worked them out with the traits
         else:
-            regions = hook(graph, group, rule, hw) if callable(hook) else None
+            regions = self.kernels.parallel_regions(graph, group, rule, hw)
+        # Only a target that counts its kernels' parallel loops says a kernel runs serial.
+        counted = regions is not None
         if regions is None:
             regions = parallel_regions(graph, group, rule, hw, flops, published)
         launch_s = hw.launch_overhead_s + hw.parallel_cost(regions)
-        serial = hw.kind is DeviceKind.CPU and hw.num_cores > 1 and callable(hook) and (
+        serial = hw.kind is DeviceKind.CPU and hw.num_cores > 1 and counted and (
             not traits.main_parallel if traits is not None else regions == 0)
         if serial:
             # The rules left every loop serial: one core's share of the FLOP/s and of the

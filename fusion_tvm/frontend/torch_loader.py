@@ -44,7 +44,7 @@ def load_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any =
         ) from None
     from tvm.relax.frontend.torch import from_exported_program
 
-    from . import from_irmodule
+    from .loaded import from_irmodule
 
     if not isinstance(module, torch.nn.Module):
         raise UserInputError(f"expected a torch.nn.Module, got {type(module).__name__}")

@@ -2,69 +2,18 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-
 import tvm
 from tvm import tirx
 
-from ..cost_models.hardware import HardwareSpec
-from ..cost_models.presets import get_hardware
-from ..targets.base import Backend, ScheduleRule, get_backend
+from ..attrs import KNOBS_ATTR, RULE_ATTR, SCHEDULED_ATTR
+from ..hardware import HardwareSpec
+from ..presets import get_hardware
+from ..targets.base import Backend, get_backend
+from ..targets.schedule import is_scheduled, schedule_primfunc
+from ..tuning_db import TuningDatabase
 
-logger = logging.getLogger(__name__)
-
-#: Attribute naming the rule that scheduled a PrimFunc.
-RULE_ATTR = "fusion_tvm.rule"
-SCHEDULED_ATTR = "tirx.is_scheduled"
-#: Attribute holding the tuned knob values a PrimFunc was scheduled with.
-KNOBS_ATTR = "fusion_tvm.knobs"
-
-
-def is_scheduled(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` carries ``tirx.is_scheduled`` = true."""
-    return func.attrs is not None and bool(func.attrs.get(SCHEDULED_ATTR, False))
-
-
-def schedule_primfunc(
-    func: tirx.PrimFunc,
-    rules: Sequence[ScheduleRule],
-    target: tvm.target.Target,
-    hw: HardwareSpec,
-    knobs: tuple[str, dict] | None = None,
-) -> tirx.PrimFunc | None:
-    """Try ``rules`` in order on ``func``; the first schedule returned wins.
-
-    A rule that raises is logged and skipped, so a bug in one template costs speed,
-    never the build. ``knobs`` = ``(rule name, values)`` (a tuning record) is tried first
-    with that rule. Returns the scheduled function with ``tirx.is_scheduled`` and
-    ``fusion_tvm.rule`` set (and ``fusion_tvm.knobs`` when tuned values were used), or
-    None when no rule matched.
-    """
-    attempts = [(rule, None) for rule in rules]
-    if knobs is not None:
-        attempts = [(r, dict(knobs[1])) for r in rules if r.name == knobs[0]] + attempts
-    for rule, values in attempts:
-        try:
-            sch = (rule.apply(func, target, hw) if values is None
-                   else rule.apply(func, target, hw, knobs=values))
-        except Exception as err:  # noqa: BLE001 - any failure means "try the next rule"
-            logger.debug("schedule rule %s failed: %s", rule.name, err)
-            continue
-        if sch is None:
-            continue
-        scheduled = sch.mod["main"]
-        if values is not None:
-            scheduled = scheduled.with_attr(KNOBS_ATTR, values)
-        # Keep the caller-visible attrs (global_symbol, noalias, ...) of the original.
-        if func.attrs is not None:
-            for key, value in func.attrs.items():
-                if scheduled.attrs is None or key not in scheduled.attrs:
-                    scheduled = scheduled.with_attr(key, value)
-        scheduled = scheduled.with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, rule.name)
-        return scheduled
-    return None
-
+__all__ = ["KNOBS_ATTR", "RULE_ATTR", "SCHEDULED_ATTR", "ApplyTargetSchedule", "is_scheduled",
+           "schedule_primfunc"]
 
 @tvm.transform.module_pass(opt_level=0, name="ApplyTargetSchedule")
 class ApplyTargetSchedule:
@@ -89,8 +38,6 @@ class ApplyTargetSchedule:
 
     def __init__(self, backend: str | Backend = "llvm", hw: str | HardwareSpec | None = None,
                  database=None):
-        from ..tuning.database import TuningDatabase
-
         self.database = TuningDatabase.of(database)
         self.backend = get_backend(backend)
         self.hw = get_hardware(hw if hw is not None else self.backend.default_hardware)

@@ -28,11 +28,11 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from ..cost_models.hardware import DeviceKind, HardwareSpec, OpClass
 from ..cost_models.roofline import RooflineCostModel, shape_class
+from ..hardware import DeviceKind, HardwareSpec, OpClass
 from ..legality import FusionDecision
+from ..targets.llvm_cpu.layout import ConvertToNCHWc, channel_block, choose_block, static_shape
 from ..targets.llvm_cpu.parallel import conv_parallel_pays, parallel_pays
-from .cpu_layout import ConvertToNCHWc, channel_block, choose_block, static_shape
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _ADD = tvm.ir.Op.get("relax.add")
@@ -100,7 +100,7 @@ class ChannelLayout:
 
     def vector_channels(self, channels: int) -> int:
         """Output channels as the blocked conv computes them: ``channels / v`` vectors of
-        ``lanes`` lanes, ``v`` the block its output gets (``cpu_layout.channel_block``)."""
+        ``lanes`` lanes, ``v`` the block its output gets (``layout.channel_block``)."""
         if self.block is None:
             return channels
         v = channel_block(channels, self.block)

@@ -14,7 +14,7 @@ import math
 import tvm
 from tvm import relax, tirx
 
-from ..cost_models.hardware import HardwareSpec, OpClass
+from ..hardware import HardwareSpec, OpClass
 
 
 def _static_shape(expr) -> list[int] | None:

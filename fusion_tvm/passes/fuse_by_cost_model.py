@@ -15,12 +15,12 @@ from tvm import relax
 
 from ..baseline import fuseops_groups
 from ..cost_models.base import CostModel, get_cost_model
-from ..cost_models.hardware import HardwareSpec
 from ..cost_models.multi_point import MultiPointCostModel
-from ..cost_models.presets import get_hardware
 from ..graph import build_fusion_graph, default_dims
 from ..grouping import rewrite_block, vars_used_after
+from ..hardware import HardwareSpec
 from ..plan import BlockPlan, FusionPlan, count_kernels, group_plan, is_kernel
+from ..presets import get_hardware
 from ..search import SearchConfig, search_partition, singletons
 from ..shape_hints import check_names, representative, sample_points
 

@@ -13,7 +13,9 @@ import tvm
 from tvm import relax, tirx
 from tvm.ir.expr import Constant
 
-CONSTANT_PARAMS_ATTR = "fusion_tvm.constant_params"
+from ..attrs import CONSTANT_PARAMS_ATTR
+
+__all__ = ["CONSTANT_PARAMS_ATTR", "MarkConstantParams", "call_sites"]
 
 
 def call_sites(mod: tvm.IRModule) -> dict[str, list[relax.Call]]:

@@ -16,12 +16,9 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 
+from ..attrs import CONSTANT_PARAMS_ATTR, PREPACK_ATTR
 from ..errors import InternalError
 from ..tir_analysis import root_statements
-from .mark_constant_params import CONSTANT_PARAMS_ATTR
-
-#: Block annotation a schedule rule puts on a packing block that may run at compile time.
-PREPACK_ATTR = "fusion_tvm.prepack"
 
 
 def _blocks(stmt) -> list:

@@ -2,7 +2,9 @@
 
 Every target (LLVM-CPU, CUDA, HLS) is one :class:`Backend` registered by name. What
 differs between targets lives behind this interface: the TVM target, the schedule
-rules (first match wins), what groups the templates can handle, and how to build.
+rules (first match wins), what groups the templates can handle, what the templates make
+of a group (the :class:`~fusion_tvm.kernel_model.KernelModel` it implements), and how to
+build.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from typing import TYPE_CHECKING
 import tvm
 
 from ..errors import UnknownNameError
+from ..kernel_model import KernelModel
 
 if TYPE_CHECKING:
     from tvm import s_tir, tirx
 
-    from ..cost_models.hardware import DeviceKind, HardwareSpec
+    from ..hardware import DeviceKind, HardwareSpec
 
 
 class ScheduleRule(abc.ABC):
@@ -33,8 +36,12 @@ class ScheduleRule(abc.ABC):
     needs them; :mod:`fusion_tvm.tuning` measures candidates into a database.
     """
 
-    #: Stable name, also the key of calibrated efficiencies in ``HardwareSpec.efficiency``.
+    #: Stable name, unique within a backend: the key of calibrated efficiencies in
+    #: ``HardwareSpec.efficiency`` and of tuning records.
     name: str = "rule"
+    #: The last resort that takes any function, unoptimised: a fused group that only such
+    #: a rule scheduled is split again by the phase runner.
+    catch_all: bool = False
 
     @abc.abstractmethod
     def apply(
@@ -51,8 +58,13 @@ class ScheduleRule(abc.ABC):
         return {}
 
 
-class Backend(abc.ABC):
-    """One compilation target family."""
+class Backend(KernelModel, abc.ABC):
+    """One compilation target family.
+
+    A backend is also the :class:`~fusion_tvm.kernel_model.KernelModel` of its rules: the
+    cost models ask it what its templates make of a group (rule, parallel loops, kernel
+    traits, efficiency, GPU launch); every answer defaults to None (generic estimate).
+    """
 
     #: Registry name (``"llvm"``, ``"cuda"``, ``"hls"``).
     name: str = ""
@@ -74,13 +86,6 @@ class Backend(abc.ABC):
     def layout_passes(self, hw: HardwareSpec | None = None) -> list:
         """Relax passes run before legalization (e.g. a blocked layout); none by default."""
         return []
-
-    def rule_for_group(self, graph, group) -> str | None:
-        """Name of the schedule rule expected to handle ``group`` (cost-model efficiency).
-
-        None lets the cost model classify the group itself.
-        """
-        return None
 
     def build_model(self, mod, loaded, parts, plan):
         """Build a fused, scheduled module into a runnable model.
@@ -107,6 +112,11 @@ class Backend(abc.ABC):
     def device(self) -> tvm.runtime.Device:
         """The runtime device to run on."""
         return tvm.cpu(0)
+
+
+def catch_all_names(rules: Sequence[ScheduleRule]) -> frozenset[str]:
+    """Names of the catch-all rules among ``rules``."""
+    return frozenset(r.name for r in rules if r.catch_all)
 
 
 _BACKENDS: dict[str, Callable[[], Backend]] = {}

@@ -11,9 +11,9 @@ import random
 from dataclasses import dataclass
 
 from ..cost_models.base import Cost, CostModel
-from ..cost_models.presets import get_hardware
 from ..graph import FusionGraph, FusionNode, TensorInfo
 from ..ops import OpClass, PatternKind
+from ..presets import get_hardware
 from ..tir_analysis import BlockInfo, PrimFuncInfo
 
 _KINDS = {

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .database import TuningDatabase, TuningRecord, workload_key
+from ..tuning_db import TuningDatabase, TuningRecord, workload_key
 from .tuner import TunedKernel, TuningReport, tune_module
 
 
@@ -53,18 +53,14 @@ def tune(
     -------
     TuningReport
     """
-    from ..api import fuse_and_schedule
     from ..frontend import load_model
-    from ..pipeline import make_pipeline
+    from ..pipeline import resolve, run_phases
 
     db = database if isinstance(database, TuningDatabase) else TuningDatabase(database)
     loaded = load_model(model, shape_dict=shape_dict)
-
-    def make(config):
-        return make_pipeline(target=target or "llvm", hw=hw, cost_model=cost_model,
-                             shape_hints=shape_hints, config=config)
-
-    parts, fused, _ = fuse_and_schedule(loaded, make, search, True)
+    result = run_phases(loaded.mod, resolve(target, hw), cost_model=cost_model,
+                        shape_hints=shape_hints, config=search)
+    parts, fused = result.parts, result.fused
     if dims is None:
         dims = {k: int(v) for k, v in (shape_hints or {}).items() if isinstance(v, int)}
     report = tune_module(fused, parts.backend, parts.hw, db, trials=trials, dims=dims,

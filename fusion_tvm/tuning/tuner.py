@@ -27,7 +27,7 @@ from ..calibration.kernels import concrete_shape, prim_inputs
 from ..passes.apply_target_schedule import KNOBS_ATTR, RULE_ATTR, is_scheduled, schedule_primfunc
 from ..passes.mark_constant_params import MarkConstantParams
 from ..passes.prepack_weights import split_prepack
-from .database import TuningDatabase, TuningRecord, target_key, workload_key
+from ..tuning_db import TuningDatabase, TuningRecord, target_key, workload_key
 
 logger = logging.getLogger(__name__)
 

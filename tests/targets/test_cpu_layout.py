@@ -10,11 +10,11 @@ import tvm
 from tvm import relax
 
 import fusion_tvm
-from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.errors import UnknownNameError
 from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
-from fusion_tvm.passes.cpu_layout import ConvertToNCHWc, choose_block
+from fusion_tvm.presets import get_hardware
 from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+from fusion_tvm.targets.llvm_cpu.layout import ConvertToNCHWc, choose_block
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes, 16 vector registers
 RNG = np.random.default_rng(0)

@@ -248,7 +248,7 @@ def test_scores_and_softmax_alone_are_not_flash():
 def test_kernel_count_in_cuda_source_of_a_built_block():
     """Through the whole pipeline: the block's PrimFunc is scheduled by flash_attention
     and launches one kernel."""
-    from fusion_tvm.targets.cuda.build import build_cuda
+    from fusion_tvm.api import build_cuda
 
     b = build_cuda(attention_block(seq=64, dh=32), hw=HW)
     assert list(b.rules.values()) == ["flash_attention"]

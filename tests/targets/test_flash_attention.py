@@ -184,7 +184,10 @@ def test_ragged_rows_are_one_group_only_with_the_online_template():
     (block,) = parts.fuse_pass.plan.blocks
     graph = block.graph
     group = frozenset(graph.fusible_nodes)
-    assert check_templates(graph, group, TemplateLimits(attention=True, online_softmax=True))
-    assert not check_templates(graph, group, TemplateLimits(attention=True))
+    block4 = {"attention": True, "attention_row_block": 4}
+    assert check_templates(graph, group, TemplateLimits(online_softmax=True, **block4))
+    assert not check_templates(graph, group, TemplateLimits(**block4))
+    assert check_templates(graph, group, TemplateLimits(attention=True))  # a target without
+    # row blocks (attention_row_block None) takes any row count
     rowwise = fusion_tvm.compile(model, target=LLVMCPUBackend(softmax="rowwise"), hw=HW)
     assert rowwise.num_kernels > 1

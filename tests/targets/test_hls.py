@@ -16,23 +16,23 @@ from tvm import relax
 
 import fusion_tvm
 from fusion_tvm.cost_models import FpgaResources, get_cost_model, get_hardware
-from fusion_tvm.cost_models.fpga import (
+from fusion_tvm.errors import CapacityError, UnsupportedOperatorError
+from fusion_tvm.frontend import load_model
+from fusion_tvm.graph import build_fusion_graph, default_dims
+from fusion_tvm.grouping import vars_used_after
+from fusion_tvm.pipeline import make_pipeline
+from fusion_tvm.presets import fpga_spec
+from fusion_tvm.targets import get_backend
+from fusion_tvm.targets.hls import HLSBackend, HLSModel
+from fusion_tvm.targets.hls import examples as ex
+from fusion_tvm.targets.hls.cgen import DataType
+from fusion_tvm.targets.hls.cost_model import (
     FpgaConfig,
     FpgaCostModel,
     NestCost,
     bram_blocks,
     choose_unroll,
 )
-from fusion_tvm.cost_models.presets import fpga_spec
-from fusion_tvm.errors import CapacityError, UnsupportedOperatorError
-from fusion_tvm.frontend import load_model
-from fusion_tvm.graph import build_fusion_graph, default_dims
-from fusion_tvm.grouping import vars_used_after
-from fusion_tvm.pipeline import make_pipeline
-from fusion_tvm.targets import get_backend
-from fusion_tvm.targets.hls import HLSBackend, HLSModel
-from fusion_tvm.targets.hls import examples as ex
-from fusion_tvm.targets.hls.cgen import DataType
 from fusion_tvm.targets.hls.program import extract_program
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

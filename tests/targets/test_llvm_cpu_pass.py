@@ -8,8 +8,8 @@ from tvm import relax, tirx
 from tvm.script import relax as R
 
 import fusion_tvm.targets.llvm_cpu  # noqa: F401
-from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
+from fusion_tvm.presets import get_hardware
 from fusion_tvm.targets.base import ScheduleRule, get_backend
 from fusion_tvm.targets.llvm_cpu import Fallback, LLVMCPUBackend
 
@@ -108,7 +108,9 @@ def test_already_scheduled_is_skipped():
 def test_rule_efficiency_covers_every_rule():
     backend = get_backend("llvm")
     names = {r.name for r in backend.schedule_rules(HW)}
-    table = backend.rule_efficiency
+    from fusion_tvm.targets.llvm_cpu.efficiency import EFFICIENCY as table
+
     assert set(table) == names
+    assert all(backend.rule_efficiency(n) == table[n] for n in names)
     assert all(0 < v <= 1.5 for v in table.values())  # HardwareSpec's accepted range
     HW.with_efficiency(table)  # validates

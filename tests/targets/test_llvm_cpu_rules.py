@@ -9,8 +9,8 @@ from tvm import relax, tirx
 from tvm.script import relax as R
 
 import fusion_tvm.targets.llvm_cpu  # noqa: F401  (registers the backend)
-from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
+from fusion_tvm.presets import get_hardware
 from fusion_tvm.targets.llvm_cpu import Fallback
 from fusion_tvm.targets.llvm_cpu.matmul import derive_tiles
 

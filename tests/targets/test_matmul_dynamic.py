@@ -15,11 +15,11 @@ from tvm import relax, s_tir, tirx
 from tvm.script import relax as R
 
 import fusion_tvm.targets.llvm_cpu  # noqa: F401  (registers the backend)
-from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
 from fusion_tvm.passes.fuse_by_cost_model import FuseByCostModel
 from fusion_tvm.passes.mark_noalias import MarkShapeFuncsNoAlias
 from fusion_tvm.pipeline import lower_passes
+from fusion_tvm.presets import get_hardware
 from fusion_tvm.targets.llvm_cpu.matmul import _panel_stationary, derive_tiles
 from fusion_tvm.testing.synthetic import ConstantCostModel
 

@@ -17,10 +17,10 @@ from tvm import relax, s_tir, tirx
 import fusion_tvm
 from fusion_tvm.calibration.kernels import plan_kernels
 from fusion_tvm.calibration.micro import parallel_loops
-from fusion_tvm.cost_models.presets import get_hardware
 from fusion_tvm.ops import OpClass
 from fusion_tvm.passes.apply_target_schedule import RULE_ATTR, ApplyTargetSchedule
 from fusion_tvm.pipeline import lower_passes
+from fusion_tvm.presets import get_hardware
 from fusion_tvm.targets.llvm_cpu.parallel import (
     PARALLEL_WORK_FACTOR,
     elementwise_seconds,

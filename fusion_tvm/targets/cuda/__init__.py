@@ -23,7 +23,7 @@ fallback           dlight ``Fallback``, then ours (:class:`BindThreads`), which 
                    binds threads so the kernel verifies
 =================  =====================================================================
 
-No GPU is needed to build: :func:`build.build_cuda` lowers a model and
+No GPU is needed to build: :func:`fusion_tvm.api.build_cuda` lowers a model and
 :func:`build.nvcc_compile` compiles its CUDA source for an ``sm_XY`` (this TVM compiles
 CUDA modules only when the runtime loads them). ``benchmarks/gpu_check.sh`` runs the zoo on
 a GPU against onnxruntime, TVM's default CUDA pipeline and PyTorch.

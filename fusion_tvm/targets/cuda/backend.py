@@ -6,23 +6,18 @@ from collections.abc import Sequence
 
 import tvm
 
-from ...cost_models.gpu import (  # importing registers the "gpu" cost model
-    is_true_contraction,
-    reduction_blocks,
-    template_kind,
-)
-from ...cost_models.hardware import DeviceKind, HardwareSpec
 from ...errors import InvalidHardwareSpecError
+from ...hardware import DeviceKind, HardwareSpec
+from ...kernel_model import table_efficiency
 from ..base import Backend, ScheduleRule, register_backend
 from . import dlight_rules as dr
 from .contraction import SimtContraction
+from .cost_model import is_true_contraction, reduction_blocks, template_kind
 from .efficiency import EFFICIENCY
 from .fallback import BindThreads
 from .flash_attention import FlashAttention, flash_group, flash_kernel
+from .limits import STATIC_SMEM_BYTES
 from .reduction import RowReduction
-
-#: Static shared memory a kernel may declare without the dynamic opt-in (CUDA's 48 KiB).
-STATIC_SMEM_BYTES = 48 * 1024
 
 
 def cuda_target(hw: HardwareSpec) -> tvm.target.Target:
@@ -30,7 +25,7 @@ def cuda_target(hw: HardwareSpec) -> tvm.target.Target:
 
     The preset's ``tag`` (``nvidia/nvidia-h100``) supplies what TVM knows of the card; the
     spec's ``arch`` wins (the h100 tag says ``sm_90a``, we emit portable ``sm_90``) and the
-    thread limits come from :class:`~fusion_tvm.cost_models.hardware.GpuLimits`. The host
+    thread limits come from :class:`~fusion_tvm.hardware.GpuLimits`. The host
     is LLVM, as in TVM's own CUDA builds.
     """
     if hw.kind is not DeviceKind.GPU:
@@ -76,10 +71,9 @@ class CUDABackend(Backend):
     def device(self) -> tvm.runtime.Device:
         return tvm.cuda(0)
 
-    @property
-    def rule_efficiency(self) -> dict[str, float]:
+    def rule_efficiency(self, rule: str, shape_class: str | None = None) -> float | None:
         """Fraction of the roofline each rule reaches (see ``efficiency.py``)."""
-        return dict(EFFICIENCY)
+        return table_efficiency(EFFICIENCY, rule, shape_class)
 
     @property
     def template_limits(self):

@@ -4,7 +4,8 @@ This TVM keeps a CUDA module as source and compiles it when the runtime loads it
 (``tvm_callback_cuda_compile``: NVRTC by default, nvcc with
 ``TVM_CUDA_COMPILE_MODE=nvcc``), so ``tvm.compile`` alone never proves the kernels
 compile. :func:`nvcc_compile` runs nvcc on the generated source for a given ``sm_XY``,
-which needs the toolkit but no device.
+which needs the toolkit but no device. :func:`fusion_tvm.api.build_cuda` builds a model
+into a :class:`CudaBuild` through the one phase runner.
 """
 
 from __future__ import annotations
@@ -124,24 +125,3 @@ def scheduled_rules(mod: tvm.IRModule) -> dict[str, str]:
             rule = func.attrs.get("fusion_tvm.rule") if func.attrs is not None else None
             out[gvar.name_hint] = str(rule) if rule is not None else "-"
     return out
-
-
-def build_cuda(model, hw: str = "h100", fusion: str = "cost", cost_model: str | None = None,
-               shape_dict=None) -> CudaBuild:
-    """Prepare, fuse, schedule and lower ``model`` for CUDA on ``hw``; no device needed.
-
-    ``model`` is anything :func:`fusion_tvm.frontend.load_model` takes (ONNX path or
-    proto, IRModule).
-    """
-    from ...frontend import load_model
-    from ...pipeline import make_pipeline
-
-    loaded = load_model(model, shape_dict=shape_dict)
-    parts = make_pipeline(target="cuda", hw=hw, fusion=fusion, cost_model=cost_model)
-    with parts.target:
-        mod = parts.prepare(loaded.mod)
-        mod = parts.fuse(mod)
-        mod = parts.schedule(mod)
-    executable = tvm.compile(mod, target=parts.target, relax_pipeline=parts.lower)
-    plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
-    return CudaBuild(mod, executable, cuda_source(executable), plan, scheduled_rules(mod))

@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from .verify import lowers
 

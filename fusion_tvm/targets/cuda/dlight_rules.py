@@ -13,7 +13,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from .verify import lowers
 
@@ -31,8 +31,9 @@ class DlightRule(ScheduleRule):
         The dlight rule instance.
     """
 
-    def __init__(self, name: str, rule, verify: bool = True):
+    def __init__(self, name: str, rule, verify: bool = True, catch_all: bool = False):
         self.name = name
+        self.catch_all = catch_all
         self.rule = rule
         self.verify = verify
 
@@ -75,7 +76,7 @@ def dlight_reduction() -> DlightRule:
 
 def dlight_general_reduction() -> DlightRule:
     """Chains of row reductions (softmax, layer norm), one thread block per row."""
-    return DlightRule("row_reduction", dl.gpu.GeneralReduction())
+    return DlightRule("general_reduction", dl.gpu.GeneralReduction())
 
 
 def dlight_transpose() -> DlightRule:
@@ -113,4 +114,4 @@ def elementwise() -> DlightRule:
 
 def dlight_fallback() -> DlightRule:
     """Inline everything, bind the spatial loops of what is left."""
-    return DlightRule("fallback", dl.gpu.Fallback())
+    return DlightRule("fallback", dl.gpu.Fallback(), catch_all=True)

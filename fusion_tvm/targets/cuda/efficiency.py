@@ -27,7 +27,9 @@ EFFICIENCY: dict[str, float] = {
     "gemv": 0.7,
     "reduction": 0.6,
     "row_reduction": 0.6,
+    "general_reduction": 0.6,  # dlight's GeneralReduction: the other row template
     "transpose": 0.6,
     "elementwise": 0.8,
     "fallback": 0.02,
+    "bind_threads": 0.02,  # our catch-all after dlight's Fallback
 }

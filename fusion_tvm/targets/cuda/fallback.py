@@ -5,7 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 
 
@@ -18,7 +18,8 @@ class BindThreads(ScheduleRule):
     no spatial loop gets a unit loop bound to one thread.
     """
 
-    name = "fallback"
+    name = "bind_threads"
+    catch_all = True
 
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec

@@ -49,11 +49,13 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
+from ...kernel_model import GpuKernel, LaunchShape
 from ...online_softmax import AttentionForm, match_attention
 from ...tir_expr import equal, free_vars, loads, replace_loads, substitute
 from ..base import ScheduleRule
 from ..tir_writer import AttentionWriter, block_name, seq, static_int
+from .limits import STATIC_SMEM_BYTES
 from .verify import lowers
 
 logger = logging.getLogger(__name__)
@@ -165,8 +167,6 @@ def _merge_width(dv: int) -> int:
 def smem_limit(target: tvm.target.Target | None, hw: HardwareSpec) -> int:
     """Static shared memory one block may declare: the target's limit (CUDA's 48 KiB
     without the dynamic opt-in), at most the device's per-block maximum."""
-    from .backend import STATIC_SMEM_BYTES  # the backend imports this module
-
     limit = STATIC_SMEM_BYTES
     if target is not None and "max_shared_memory_per_block" in target.attrs:
         limit = int(target.attrs["max_shared_memory_per_block"])
@@ -568,8 +568,6 @@ def flash_group(graph, group: frozenset[int]) -> tuple[int, int] | None:
     static head dims that fit one thread (:func:`flash_tiles` at the static shared-memory
     limit)."""
     from ...legality import attention_chain, reachable
-    from .backend import STATIC_SMEM_BYTES
-
     nodes = [graph.nodes[i] for i in sorted(group)]
     contractions = [n for n in nodes if n.is_contraction]
     if len(contractions) != 2 or not any(n.is_reduction for n in nodes):
@@ -595,7 +593,7 @@ def flash_group(graph, group: frozenset[int]) -> tuple[int, int] | None:
 
 
 def flash_kernel(graph, group: frozenset[int], rule: str, hw: HardwareSpec):
-    """The :class:`~fusion_tvm.cost_models.gpu.GpuKernel` of ``group`` under ``rule``.
+    """The :class:`~fusion_tvm.kernel_model.GpuKernel` of ``group`` under ``rule``.
 
     For this rule: one block per (batch dims, tile of query rows) with the tiles' shared
     memory; no intermediate but a tile of scores per query row, in registers; K and V read
@@ -604,7 +602,6 @@ def flash_kernel(graph, group: frozenset[int], rule: str, hw: HardwareSpec):
     ``Q K^T`` and the softmax; a float16 one) has no CUDA template: infeasible. Other
     groups: None.
     """
-    from ...cost_models.gpu import GpuKernel, LaunchShape
     from ...legality import attention_chain, reachable
     from ...ops import PatternKind
     from ...tir_analysis import evaluate, shape_elems

@@ -25,7 +25,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.schedule import ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from .verify import lowers
 

@@ -3,7 +3,7 @@
 No HLS tool is needed to use it: the project is verified by C simulation with g++
 (``HLSModel.run``), and latency and resources are estimated analytically
 (``HLSModel.report``) with the same model that guided fusion
-(:mod:`fusion_tvm.cost_models.fpga`).
+(:mod:`fusion_tvm.targets.hls.cost_model`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ...cost_models.fpga import FpgaConfig
-from ...cost_models.hardware import DeviceKind, HardwareSpec
 from ...errors import InputMismatchError, InternalError
+from ...hardware import DeviceKind, HardwareSpec
 from ..base import Backend, ScheduleRule, register_backend
 from .cgen import DataType
+from .cost_model import FpgaConfig
 from .emitter import Design, design_summary, plan_design, write_project, write_report
 from .program import extract_program
 from .rules import HlsAnnotateOnly, HlsPipeline
@@ -74,6 +74,10 @@ class HLSBackend(Backend):
         from ...legality import classify
 
         return f"hls.{classify(graph, group).value}"
+
+    def model_options(self, cost_model: str) -> FpgaConfig | None:
+        """The FPGA model prices groups in this backend's precision and DSP budget."""
+        return self.fpga_config if cost_model == "fpga" else None
 
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         return (HlsPipeline(self.fpga_config), HlsAnnotateOnly(self.fpga_config))

@@ -31,6 +31,7 @@ from .analysis import (
     PIPELINE_ATTR,
     UNROLL_ATTR,
     alloc_buffers,
+    buffer_accesses,
     children,
     dtype_of,
     int_value,
@@ -137,87 +138,6 @@ class Port:
     cname: str
     streams: list[str] = field(default_factory=list)  # stream_out fan-out
     direct: bool = False
-
-
-# ------------------------------------------------------------------- direct streaming
-def _identity_leaf(lb) -> bool:
-    rz, blk = lb.realize, lb.block
-    if lb.has_reduce or blk.init is not None or len(blk.iter_vars) != len(lb.loops):
-        return False
-    if not (isinstance(rz.predicate, tirx.IntImm) and int(rz.predicate.value) == 1):
-        return False
-    for iv, val, lp in zip(blk.iter_vars, rz.iter_values, lb.loops, strict=True):
-        if not val.same_as(lp.loop_var) or int_value(lp.min) != 0:
-            return False
-        if int_value(iv.dom.extent) != int_value(lp.extent):
-            return False
-    return True
-
-
-def _accesses(func):
-    """Per buffer name: (leaf, kind, indices, conditional) for every load and store."""
-    acc: dict[str, list] = {}
-
-    def visit(e, lb, cond):
-        kind = type(e).__name__
-        if kind in ("TensorLoad", "BufferLoad"):
-            src = e.source if hasattr(e, "source") else e.buffer
-            acc.setdefault(src.name, []).append((lb, "load", list(e.indices), cond))
-        if kind == "Call" and getattr(e.op, "name", "").endswith("if_then_else"):
-            visit(e.args[0], lb, cond)
-            for a in e.args[1:]:
-                visit(a, lb, True)
-            return
-        if isinstance(e, tirx.Select):
-            visit(e.condition, lb, cond)
-            visit(e.true_value, lb, True)
-            visit(e.false_value, lb, True)
-            return
-        for c in children(e):
-            visit(c, lb, cond)
-
-    for lb in leaf_blocks(func):
-        st = lb.block.body
-        acc.setdefault(st.buffer.name, []).append((lb, "store", list(st.indices), False))
-        visit(st.value, lb, False)
-        for i in st.indices:
-            visit(i, lb, False)
-        if lb.block.init is not None:
-            ist = lb.block.init
-            acc.setdefault(ist.buffer.name, []).append((lb, "store", list(ist.indices), False))
-            visit(ist.value, lb, False)
-    return acc
-
-
-def _identity_access(lb, indices, shape) -> bool:
-    ivs = [iv.var for iv in lb.block.iter_vars]
-    if len(indices) != len(ivs) or len(shape) != len(ivs):
-        return False
-    for idx, iv, extent, dim in zip(indices, ivs, (iv.dom.extent for iv in lb.block.iter_vars),
-                                    shape, strict=True):
-        if not idx.same_as(iv) or int_value(extent) != int_value(dim):
-            return False
-    return True
-
-
-def direct_ports(func: tirx.PrimFunc) -> tuple[set[int], set[int]]:
-    """Parameter indices that can be streamed directly: (inputs read, outputs written)."""
-    acc = _accesses(func)
-    ins, outs = set(), set()
-    for k, p in enumerate(func.params):
-        uses = acc.get(p.name, [])
-        loads = [u for u in uses if u[1] == "load"]
-        stores = [u for u in uses if u[1] == "store"]
-        if len(uses) != 1:
-            continue
-        lb, _, indices, cond = uses[0]
-        if cond or not _identity_leaf(lb) or not _identity_access(lb, indices, p.shape):
-            continue
-        if loads:
-            ins.add(k)
-        elif stores:
-            outs.add(k)
-    return ins, outs
 
 
 # ------------------------------------------------------------------------ printer
@@ -545,7 +465,7 @@ class KernelPrinter:
         prologue: list[str] = []
         epilogue: list[str] = []
         self._direct_out: dict[str, tuple[list[str], str]] = {}
-        acc = _accesses(func)
+        acc = buffer_accesses(func)
         # Buffers written by reductions accumulate in the wider accum_t (fixed point).
         reduced = {lb.block.body.buffer.name for lb in leaf_blocks(func) if lb.has_reduce}
         self.accum: set[str] = set()

@@ -10,7 +10,7 @@ reconvergent paths (residuals) free of deadlock.
 
 Weights are ``static const`` ROM arrays while the BRAM budget allows (smallest first);
 the rest stay in DDR behind ``m_axi`` ports and the testbench loads them from files.
-Resources are accounted with :mod:`fusion_tvm.cost_models.fpga`; a design that cannot
+Resources are accounted with :mod:`fusion_tvm.targets.hls.cost_model`; a design that cannot
 fit the board raises :class:`~fusion_tvm.errors.CapacityError` naming the group and the
 resource, after unroll factors have been lowered and weights moved off chip.
 """
@@ -24,18 +24,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ...cost_models.fpga import PROCESS_OVERHEAD, NestCost, bram_blocks, price_nest
-from ...cost_models.hardware import HardwareSpec
 from ...errors import CapacityError
+from ...hardware import HardwareSpec
 from .analysis import (
     UNROLL_ATTR,
     alloc_buffers,
+    direct_ports,
     int_value,
     leaf_blocks,
     loop_annotation,
     stream_bound_blocks,
 )
-from .cgen import DataType, KernelPrinter, Port, cident, direct_ports, elem_ctype
+from .cgen import DataType, KernelPrinter, Port, cident, elem_ctype
+from .cost_model import PROCESS_OVERHEAD, NestCost, bram_blocks, price_nest
 from .program import Program
 
 INCLUDE_DIR = Path(__file__).parent / "include"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ...cost_models.fpga import FpgaConfig, choose_unroll, interchange_pays
 from ..base import ScheduleRule
 from .analysis import (
     PIPELINE_ATTR,
@@ -22,6 +21,7 @@ from .analysis import (
     leaf_blocks,
     stream_bound_blocks,
 )
+from .cost_model import FpgaConfig, choose_unroll, interchange_pays
 
 
 def _annotate(sch: s_tir.Schedule, hw, config: FpgaConfig) -> s_tir.Schedule:

@@ -11,8 +11,8 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
-from ...passes.mark_constant_params import CONSTANT_PARAMS_ATTR
+from ...attrs import CONSTANT_PARAMS_ATTR
+from ...hardware import HardwareSpec
 from ...tir_analysis import analyze_primfunc
 from .parallel import elementwise_seconds, parallel_pays
 
@@ -41,6 +41,18 @@ def is_spatial(sch: s_tir.Schedule, block: SBlockRV) -> bool:
 def is_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """Whether ``block`` has both spatial and reduction iters and no other kind."""
     return set(iter_kinds(sch, block)) == {"S", "R"} or iter_kinds(sch, block) == "R"
+
+
+def is_contraction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """A reduction block of the form ``acc += a * b`` over two distinct buffers."""
+    stmt = sch.get(block)
+    if not is_reduction(sch, block) or not isinstance(stmt.body, tirx.BufferStore):
+        return False
+    value = stmt.body.value
+    if not isinstance(value, tirx.Add) or not isinstance(value.b, tirx.Mul):
+        return False
+    sources = {r.source for r in stmt.reads}
+    return len(sources) == 2
 
 
 def sole_contraction(sch: s_tir.Schedule, out_rank: int):
@@ -379,3 +391,34 @@ def _spatial_pays(
     chunks = math.prod(extents[:-1]) if len(extents) > 1 else -(-extents[-1] // lanes_)
     work = elementwise_seconds(hw, elements, moved / max(1, elements), calls)
     return parallel_pays(hw, work, chunks)
+
+
+def epilogue_at(sch: s_tir.Schedule, acc, loop, vec: int, hw: HardwareSpec) -> None:
+    """Compute the consumers of the accumulator tile under ``loop``, in dataflow order."""
+    frontier = list(sch.get_consumers(acc))
+    rank = len(sch.get(acc).writes[0].region)
+    while frontier:
+        block = frontier.pop(0)
+        writes = sch.get(block).writes
+        if len(writes) != 1 or len(writes[0].region) != rank:
+            # A layout change (to/from NCHW[b]c) reads the tile permuted: computed per tile
+            # it read channels the tile had not finished (MobileNetV2, wrong results).
+            parallel_vectorize(sch, block, hw)
+            frontier.extend(sch.get_consumers(block))
+            continue
+        try:
+            sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
+        except ScheduleError:
+            parallel_vectorize(sch, block, hw)
+            continue
+        if not vector_friendly(sch, block, tiled=True):
+            frontier.extend(sch.get_consumers(block))
+            continue
+        with contextlib.suppress(ScheduleError):
+            inner = sch.get_loops(block)[-1]
+            extent = static_extent(sch, inner)
+            if extent is not None and extent <= vec:
+                sch.vectorize(inner)
+            else:
+                sch.vectorize(sch.split(inner, [None, vec])[1])
+        frontier.extend(sch.get_consumers(block))

@@ -29,12 +29,13 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
     constant_param,
     dtype_bits,
     inline_spatial,
+    is_contraction,
     is_reduction,
     is_spatial,
     iter_kinds,
@@ -45,50 +46,14 @@ from ._util import (
     static_flops,
 )
 from .parallel import parallel_pays, serial_seconds
-from .reduction import (
-    _rfactor_rows,
-    _row_local,
-    _shared_rows,
-    _vectorize_innermost,
-    _vectorize_partials,
+from .row_schedule import (
+    hint_partition,
+    rfactor_rows,
+    row_local,
+    shared_rows,
+    vectorize_partials,
+    vectorize_row,
 )
-
-#: Loop annotation read by TVM's LoopPartition pass: the loop is split into a guard-free
-#: body and a tail. A vector loop over a symbolic extent otherwise keeps its bound check
-#: inside, and VectorizeLoop scalarises it (measured 22x slower than the static kernel at
-#: S = 128, znver4).
-PARTITION_HINT = "pragma_loop_partition_hint"
-
-
-def _partition(sch: s_tir.Schedule, loop) -> None:
-    """Ask LoopPartition to peel ``loop``'s guarded tail when its extent is symbolic."""
-    if static_extent(sch, loop) is None:
-        sch.annotate(loop, PARTITION_HINT, 1)
-
-
-def _peel(sch: s_tir.Schedule, loop, extent: int, width: int) -> list:
-    """Split a static ``extent`` loop into a multiple-of-``width`` part and its tail, each
-    with its own block copy: a split with a guarded tail would be scalarised, and
-    LoopPartition leaves constant loops alone."""
-    return list(sch.loop_partition(loop, [extent - extent % width, None]))
-
-
-def _vectorize_row(sch: s_tir.Schedule, block: SBlockRV, width: int) -> None:
-    """Vectorise the innermost (column) loop of an in-row spatial block, a symbolic
-    extent split by ``width`` with its tail peeled off (see :data:`PARTITION_HINT`)."""
-    extent = static_extent(sch, sch.get_loops(block)[-1])
-    if extent is not None and extent > width and extent % width:
-        for part in _peel(sch, sch.get_loops(block)[-1], extent, width):
-            for blk in sch.get_child_blocks(part):  # below an opaque block: no row loop
-                _vectorize_innermost(sch, blk, width, 0)
-        return
-    if extent is not None:
-        _vectorize_innermost(sch, block, width, 1)
-        return
-    with contextlib.suppress(ScheduleError):
-        outer, vec = sch.split(sch.get_loops(block)[-1], [None, width])
-        sch.vectorize(vec)
-        _partition(sch, outer)
 
 
 def _named(sch: s_tir.Schedule, name: str) -> list[SBlockRV]:
@@ -97,18 +62,6 @@ def _named(sch: s_tir.Schedule, name: str) -> list[SBlockRV]:
         return [sch.get_sblock(name)]
     except (ScheduleError, ValueError):
         return []
-
-
-def _is_contraction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
-    """A reduction block of the form ``acc += a * b`` over two distinct buffers."""
-    stmt = sch.get(block)
-    if not is_reduction(sch, block) or not isinstance(stmt.body, tirx.BufferStore):
-        return False
-    value = stmt.body.value
-    if not isinstance(value, tirx.Add) or not isinstance(value.b, tirx.Mul):
-        return False
-    sources = {r.source for r in stmt.reads}
-    return len(sources) == 2
 
 
 def _is_row_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
@@ -199,7 +152,7 @@ def _shape_contraction(
             # tail (all of them at S = 16), and loop_partition refuses symbolic extents.
             outer, vec = sch.split(col_loop, [None, width])
             sch.reorder(outer, reduce_loop, *lead, vec)
-            _partition(sch, outer)
+            hint_partition(sch, outer)
         else:
             vec = col_loop
             if extent > width:
@@ -238,7 +191,7 @@ class Attention(ScheduleRule):
             return None
         if not all(is_spatial(sch, b) or is_reduction(sch, b) for b in blocks):
             return None
-        contractions = [b for b in blocks if _is_contraction(sch, b)]
+        contractions = [b for b in blocks if is_contraction(sch, b)]
         row_reductions = [b for b in blocks if _is_row_reduction(sch, b)]
         if not contractions or len(contractions) > 2 or not row_reductions:
             return None
@@ -254,7 +207,7 @@ class Attention(ScheduleRule):
             return None
         blocks = inline_spatial(sch)
         reductions = [b for b in blocks if not is_spatial(sch, b)]
-        rows = _shared_rows(sch, reductions)
+        rows = shared_rows(sch, reductions)
         if rows == 0:
             return None
         # Operands every row reads whole (K^T, V): computed once, before the row loop;
@@ -272,8 +225,8 @@ class Attention(ScheduleRule):
             for b in shared for p in sch.get_producers(b)
         ):
             return None  # a shared operand computed from row values: not this workload
-        rows = _shared_rows(sch, in_row)
-        if rows == 0 or not _row_local(sch, in_row, rows):
+        rows = shared_rows(sch, in_row)
+        if rows == 0 or not row_local(sch, in_row, rows):
             return None
         width = lanes(hw, dtype_bits(sch, in_row[-1]))
         # Row reductions as vector partials: an IEEE max / sum chain is not vectorised by
@@ -284,7 +237,7 @@ class Attention(ScheduleRule):
         partials = []
         for block in in_row:
             if _is_row_reduction(sch, block):
-                rf = _rfactor_rows(sch, block, width)
+                rf = rfactor_rows(sch, block, width)
                 if rf is not None:
                     partials.append(sch.get(rf))
         if partials:
@@ -324,7 +277,7 @@ class Attention(ScheduleRule):
             if parallel:
                 sch.parallel(bh)
             row = outer[-1]
-            _partition(sch, row)
+            hint_partition(sch, row)
         else:
             row = sch.fuse(*outer) if len(outer) > 1 else outer[0]
             if parallel:
@@ -337,19 +290,19 @@ class Attention(ScheduleRule):
             parallel_vectorize(sch, block, hw)
             inner = sch.get_loops(block)
             if len(inner) > 1 and static_extent(sch, inner[-1]) is not None:
-                _partition(sch, inner[-2])
+                hint_partition(sch, inner[-2])
         for block in epilogue:
-            _vectorize_row(sch, block, width)
+            vectorize_row(sch, block, width)
         for block in in_row:
             kinds = iter_kinds(sch, block)
             if any(sch.get(block).same_as(p) for p in partials):
                 name = sch.get(block).name_hint
-                _vectorize_partials(sch, block, width)
+                vectorize_partials(sch, block, width)
                 for blk in (block, *_named(sch, name + "_init")):
                     with contextlib.suppress(ScheduleError):
-                        _partition(sch, sch.get_loops(blk)[-2])
-            elif _is_contraction(sch, block) and kinds[rows:] in ("SR", "R"):
+                        hint_partition(sch, sch.get_loops(blk)[-2])
+            elif is_contraction(sch, block) and kinds[rows:] in ("SR", "R"):
                 _shape_contraction(sch, block, width, rows)
             elif is_spatial(sch, block):
-                _vectorize_row(sch, block, width)
+                vectorize_row(sch, block, width)
         return sch

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...cost_models.base import KernelTraits
-from ...cost_models.hardware import DeviceKind, HardwareSpec
 from ...errors import UnknownNameError
+from ...hardware import DeviceKind, HardwareSpec
+from ...kernel_model import KernelTraits, table_efficiency
 from ...legality import TemplateLimits
-from ...passes.cpu_layout import ConvertToNCHWc
 from ..base import Backend, ScheduleRule, register_backend
 from ._util import lanes
-from .attention import Attention
+from .attention import ROW_TILE, Attention
 from .conv2d import Conv2d
 from .conv2d_nchwc import Conv2dNCHWc
 from .efficiency import EFFICIENCY
 from .elementwise import Elementwise
 from .fallback import Fallback
 from .flash_attention import FlashAttention
+from .kernel_model import conv_kernel, group_parallel_regions
+from .layout import ConvertToNCHWc
 from .matmul import Matmul
-from .parallel import conv_kernel, group_parallel_regions
 from .reduction import Reduction
 from .staged_chain import StagedChain
 
@@ -37,7 +37,7 @@ class LLVMCPUBackend(Backend):
 
     def __init__(self, layout: str = "nchwc", softmax: str = "online"):
         """``layout="nchwc"`` converts convolutions to a blocked layout
-        (:class:`~fusion_tvm.passes.cpu_layout.ConvertToNCHWc`); ``"native"`` keeps the
+        (:class:`~fusion_tvm.targets.llvm_cpu.layout.ConvertToNCHWc`); ``"native"`` keeps the
         model's NCHW. ``softmax="online"`` runs float32 attention chains with the
         online-softmax template (:class:`.FlashAttention`), ``"rowwise"`` with whole rows
         of scores (:class:`.Attention`) only. Pass e.g.
@@ -66,23 +66,25 @@ class LLVMCPUBackend(Backend):
         row pass, ``matmul.py``), an attention chain (``flash_attention.py`` for the
         whole float32 chain, any row count; ``attention.py`` otherwise), or a chain of
         weight matmuls as stages of one kernel (``staged_chain.py``)."""
+        # Ragged query rows: the row-wise template runs one row at a time, measured 2x slower
+        # than three kernels (ViT, S = 197), so such chains are not offered as one group.
         return TemplateLimits(row_stage=True, attention=True,
-                              online_softmax=self.softmax == "online", staged_chains=True)
+                              online_softmax=self.softmax == "online", staged_chains=True,
+                              attention_row_block=ROW_TILE)
 
-    @property
-    def rule_efficiency(self) -> dict[str, float]:
+    def rule_efficiency(self, rule: str, shape_class: str | None = None) -> float | None:
         """Measured fraction of the roofline each rule reaches (see ``efficiency.py``)."""
-        return dict(EFFICIENCY)
+        return table_efficiency(EFFICIENCY, rule, shape_class)
 
     def parallel_regions(self, graph, group: frozenset[int], rule: str, hw: HardwareSpec) -> int:
         """Parallel loops the rules give ``group``'s kernel: the cost model charges a
-        fork/join for each (the same decision as the rules, see ``parallel.py``)."""
+        fork/join for each (the same decision as the rules, see ``kernel_model.py``)."""
         return group_parallel_regions(graph, group, rule, hw)
 
     def kernel_traits(self, graph, group: frozenset[int], rule: str,
                       hw: HardwareSpec) -> KernelTraits | None:
         """Serial main loop, staged padded input and inlined-prologue recompute of the conv
-        rules' kernels (``parallel.conv_kernel``); None for the other rules."""
+        rules' kernels (``kernel_model.conv_kernel``); None for the other rules."""
         if rule != "conv2d":
             return None
         conv = next((graph.nodes[n] for n in sorted(group)

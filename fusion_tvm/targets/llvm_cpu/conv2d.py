@@ -19,9 +19,10 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
+    epilogue_at,
     inline_spatial,
     is_spatial,
     lanes,
@@ -31,7 +32,6 @@ from ._util import (
     pick_vector_width,
     sole_contraction,
     static_extent,
-    vector_friendly,
 )
 from .parallel import conv_parallel_pays, repack_pays
 
@@ -152,7 +152,7 @@ class Conv2d(ScheduleRule):
         sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
         with contextlib.suppress(ScheduleError):
             sch.vectorize(sch.split(sch.get_loops(acc)[-1], [None, tiles.vec])[1])
-        _epilogue_at(sch, acc, xo, tiles.vec, hw)
+        epilogue_at(sch, acc, xo, tiles.vec, hw)
         sch.unroll(fi)
         sch.unroll(xd)
         sch.vectorize(xv)
@@ -161,37 +161,6 @@ class Conv2d(ScheduleRule):
             with contextlib.suppress(ScheduleError):
                 parallel_vectorize(sch, block, hw)
         return sch
-
-
-def _epilogue_at(sch: s_tir.Schedule, acc, loop, vec: int, hw: HardwareSpec) -> None:
-    """Compute the consumers of the accumulator tile under ``loop``, in dataflow order."""
-    frontier = list(sch.get_consumers(acc))
-    rank = len(sch.get(acc).writes[0].region)
-    while frontier:
-        block = frontier.pop(0)
-        writes = sch.get(block).writes
-        if len(writes) != 1 or len(writes[0].region) != rank:
-            # A layout change (to/from NCHW[b]c) reads the tile permuted: computed per tile
-            # it read channels the tile had not finished (MobileNetV2, wrong results).
-            parallel_vectorize(sch, block, hw)
-            frontier.extend(sch.get_consumers(block))
-            continue
-        try:
-            sch.reverse_compute_at(block, loop, preserve_unit_loops=True)
-        except ScheduleError:
-            parallel_vectorize(sch, block, hw)
-            continue
-        if not vector_friendly(sch, block, tiled=True):
-            frontier.extend(sch.get_consumers(block))
-            continue
-        with contextlib.suppress(ScheduleError):
-            inner = sch.get_loops(block)[-1]
-            extent = static_extent(sch, inner)
-            if extent is not None and extent <= vec:
-                sch.vectorize(inner)
-            else:
-                sch.vectorize(sch.split(inner, [None, vec])[1])
-        frontier.extend(sch.get_consumers(block))
 
 
 @dataclass(frozen=True)
@@ -255,7 +224,7 @@ def _schedule_channel_vector(sch, main, loop_of, out_vars, reduce_vars, weight, 
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
     # Channels innermost in the register tile so each accumulator is one whole vector.
     sch.transform_layout(acc, ("read", 0), lambda n, f, y, x: (n, y, x, f))
-    _epilogue_at(sch, acc, xo, vec, hw)
+    epilogue_at(sch, acc, xo, vec, hw)
     sch.unroll(xi)
     sch.unroll(fv_o)
     sch.vectorize(fv)

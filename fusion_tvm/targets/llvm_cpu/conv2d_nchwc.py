@@ -22,10 +22,11 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
-from ...cost_models.hardware import HardwareSpec, OpClass
+from ...hardware import HardwareSpec, OpClass
 from ...tir_analysis import count_ops
 from ..base import ScheduleRule
 from ._util import (
+    epilogue_at,
     inline_spatial,
     is_spatial,
     knob_choices,
@@ -36,7 +37,6 @@ from ._util import (
     sole_contraction,
     static_extent,
 )
-from .conv2d import _epilogue_at
 from .parallel import conv_parallel_pays
 
 #: Ops per element of a prologue a depthwise conv recomputes inline with its padding
@@ -263,7 +263,7 @@ class Conv2dNCHWc(ScheduleRule):
         sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
         with contextlib.suppress(ScheduleError):
             sch.vectorize(sch.get_loops(acc)[-1])
-        _epilogue_at(sch, acc, xo, block, hw)
+        epilogue_at(sch, acc, xo, block, hw)
         sch.unroll(fi)
         sch.unroll(xi)
         sch.vectorize(loop_of[lane_var])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import inline_spatial, is_spatial, parallel_vectorize, root_blocks
 

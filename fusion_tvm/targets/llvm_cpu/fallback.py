@@ -8,7 +8,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ...ops import OpClass
 from ..base import ScheduleRule
 from ._util import inline_spatial, is_spatial, parallel_vectorize
@@ -24,6 +24,7 @@ class Fallback(ScheduleRule):
     """
 
     name = "fallback"
+    catch_all = True
 
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec

@@ -30,13 +30,14 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir.schedule import ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ...online_softmax import AttentionForm, match_attention
 from ...tir_expr import free_vars, substitute
 from ..base import ScheduleRule
 from ..tir_writer import AttentionWriter, block_name, seq, static_int
 from ._util import lanes, parallel_vectorize
-from .attention import _vectorize_row, attention_parallel_pays
+from .attention import attention_parallel_pays
+from .row_schedule import vectorize_row
 
 #: Query rows of one register tile: each K^T / V vector loaded serves all of them.
 ROW_BLOCK = 4
@@ -78,7 +79,7 @@ class FlashAttention(ScheduleRule):
             block = sch.get_sblock(name)
             try:
                 sch.reverse_compute_at(block, row, preserve_unit_loops=True)
-                _vectorize_row(sch, block, kernel.width)
+                vectorize_row(sch, block, kernel.width)
             except ScheduleError:
                 parallel_vectorize(sch, block, hw)
         for name in kernel.staged_names:

@@ -35,8 +35,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits, get_index_map
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
-from ...passes.prepack_weights import PREPACK_ATTR
+from ...attrs import PREPACK_ATTR
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
     constant_param,

@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
-from ...cost_models.hardware import HardwareSpec
+from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
     dtype_bits,
@@ -36,120 +36,13 @@ from ._util import (
     vector_friendly,
 )
 from .parallel import reduction_pays, row_kernel_pays
-
-
-def _leading_spatial(sch: s_tir.Schedule, block: SBlockRV) -> int:
-    kinds = iter_kinds(sch, block)
-    return len(kinds) - len(kinds.lstrip("S"))
-
-
-def _shared_rows(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> int:
-    """Leading spatial iterators every block shares, with equal extents: the row space.
-
-    A block's third spatial axis may be a column (768) in one block and a kept unit
-    dimension (1) in a reduction: only the common prefix is a row.
-    """
-    rows = min(_leading_spatial(sch, b) for b in blocks)
-    doms = [[iv.dom.extent for iv in sch.get(b).iter_vars] for b in blocks]
-    for r in range(rows):
-        first = doms[0][r]
-        if not all(tvm_ffi.structural_equal(d[r], first) for d in doms[1:]):
-            return r
-    return rows
-
-
-def _row_local(sch: s_tir.Schedule, blocks: list[SBlockRV], rows: int) -> bool:
-    """Whether every block reads and writes the group's intermediates at its own row.
-
-    Computing the chain row by row is only right when row ``r`` of each block needs row
-    ``r`` of its producers and nothing else: the first ``rows`` indices of every access to
-    a buffer written inside the group must be the accessing block's own row iterators.
-    (A convolution reads neighbouring rows; a reduction over the row axis reads them all.)
-    """
-    written = [w.source for b in blocks for w in sch.get(b).writes]
-
-    def inside(buf) -> bool:
-        return any(buf.same_as(w) for w in written)
-
-    for block in blocks:
-        stmt = sch.get(block)
-        row_vars = [iv.var for iv in stmt.iter_vars][:rows]
-        for access in (*stmt.reads, *stmt.writes):
-            if not inside(access.source):
-                continue
-            if len(access.region) < rows:
-                return False
-            for rng, var in zip(access.region[:rows], row_vars, strict=True):
-                if not (rng.min.same_as(var) and isinstance(rng.extent, tirx.IntImm)
-                        and rng.extent.value == 1):
-                    return False
-    return True
-
-
-def _vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first: int) -> None:
-    """Vectorise the innermost loop below position ``first`` (the row loop)."""
-    loops = sch.get_loops(block)[first:]
-    if not loops or not vector_friendly(sch, block):
-        return
-    inner = loops[-1]
-    extent = static_extent(sch, inner)
-    if extent is not None and extent > width and extent % width:
-        # A static row that is not a multiple of the vector: the whole vectors and the tail
-        # as two loops (a guarded vector loop is scalarised: softmax over 197 columns).
-        with contextlib.suppress(ScheduleError):
-            for part in sch.loop_partition(inner, [extent - extent % width, None]):
-                for blk in sch.get_child_blocks(part):
-                    _vectorize_innermost(sch, blk, width, 0)
-            return
-    with contextlib.suppress(ScheduleError):
-        if extent is not None and extent <= width:
-            if extent >= 4:
-                sch.vectorize(inner)
-            return
-        _, vec = sch.split(inner, [None, width])
-        sch.vectorize(vec)
-
-
-def _rfactor_rows(sch: s_tir.Schedule, block: SBlockRV, width: int) -> SBlockRV | None:
-    """Split a row reduction into ``width`` vector partial sums; the rf block or None."""
-    loops = sch.get_loops(block)
-    kinds = iter_kinds(sch, block)
-    if len(loops) != len(kinds) or kinds.count("R") != 1 or kinds[-1] != "R":
-        return None
-    extent = static_extent(sch, loops[-1])
-    if extent is None or extent % width or extent < 2 * width:
-        return None
-    _, inner = sch.split(loops[-1], [None, width])
-    try:
-        return sch.rfactor(inner, factor_axis=len(kinds) - 1)
-    except ScheduleError:
-        return None
-
-
-def _vectorize_partials(sch: s_tir.Schedule, block: SBlockRV, width: int) -> None:
-    """Order the rf block as (row, k_outer, k_lane) and vectorise the lane loop."""
-    stmt = sch.get(block)
-    realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")(sch, block)
-    loops = sch.get_loops(block)[1:]
-    reduce_loop = lane_loop = None
-    for iv, value in zip(stmt.iter_vars, realize.iter_values, strict=True):
-        used = set(tirx.analysis.undefined_vars(value))
-        for loop in loops:
-            if sch.get(loop).loop_var in used:
-                if iv.iter_type == tirx.IterVar.CommReduce:
-                    reduce_loop = loop
-                elif static_extent(sch, loop) == width:
-                    lane_loop = loop
-    if reduce_loop is None or lane_loop is None:
-        return
-    with contextlib.suppress(ScheduleError):
-        sch.reorder(reduce_loop, lane_loop)
-        # Vectorise while the block still has its init: after decompose_reduction the
-        # update alone no longer counts as a reduction block and vectorize refuses it.
-        sch.vectorize(lane_loop)
-        init = sch.decompose_reduction(block, reduce_loop)
-        sch.vectorize(sch.get_loops(init)[-1])
-
+from .row_schedule import (
+    rfactor_rows,
+    row_local,
+    shared_rows,
+    vectorize_innermost,
+    vectorize_partials,
+)
 
 #: A reduction at most this long per output is a window (pooling), not a row.
 MAX_WINDOW = 64
@@ -202,7 +95,7 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
         if part >= 8 and vector_friendly(sch, block):
             sch.vectorize(sch.split(inner, [None, part])[1])
         else:
-            _vectorize_innermost(sch, block, lanes(hw, dtype_bits(sch, block)), 1)
+            vectorize_innermost(sch, block, lanes(hw, dtype_bits(sch, block)), 1)
     for block in rest:
         with contextlib.suppress(ScheduleError):
             parallel_vectorize(sch, block, hw)
@@ -340,14 +233,14 @@ def schedule_row_chain(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: Hardware
     stages a layer norm feeding its A operand with it.
     """
     chain = chain or (lambda: root_blocks(sch))
-    rows = _shared_rows(sch, blocks)
-    if rows == 0 or not _row_local(sch, blocks, rows):
+    rows = shared_rows(sch, blocks)
+    if rows == 0 or not row_local(sch, blocks, rows):
         return False
     width = lanes(hw, dtype_bits(sch, blocks[-1]))
     rfactored = {}
     for block in blocks:
         if is_reduction(sch, block):
-            rf = _rfactor_rows(sch, block, width)
+            rf = rfactor_rows(sch, block, width)
             if rf is not None:
                 rfactored[sch.get(rf)] = rf
     blocks = chain()
@@ -395,7 +288,7 @@ def schedule_row_chain(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: Hardware
 
     for block in blocks + copies:
         if any(sch.get(block).same_as(stmt) for stmt in rfactored):
-            _vectorize_partials(sch, block, width)
+            vectorize_partials(sch, block, width)
         elif is_spatial(sch, block):
-            _vectorize_innermost(sch, block, width, 1)
+            vectorize_innermost(sch, block, width, 1)
     return True

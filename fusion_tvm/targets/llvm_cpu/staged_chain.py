@@ -19,14 +19,14 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 
+from ...attrs import CONSTANT_PARAMS_ATTR, RULE_ATTR
 from ...chain_stages import assign_stages
-from ...cost_models.hardware import HardwareSpec
-from ...passes.mark_constant_params import CONSTANT_PARAMS_ATTR
+from ...hardware import HardwareSpec
 from ...tir_analysis import root_statements
-from ..base import ScheduleRule
+from ..base import ScheduleRule, catch_all_names
+from ..schedule import schedule_primfunc
 from ..tir_writer import block_name, seq
-from ._util import constant_param, root_blocks
-from .attention import _is_contraction
+from ._util import constant_param, is_contraction, root_blocks
 
 
 class StagedChain(ScheduleRule):
@@ -40,8 +40,6 @@ class StagedChain(ScheduleRule):
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
     ) -> s_tir.Schedule | None:
-        from ...passes.apply_target_schedule import RULE_ATTR, schedule_primfunc
-
         stages = split_stages(func)
         if stages is None:
             return None
@@ -49,8 +47,8 @@ class StagedChain(ScheduleRule):
         for stage in stages:
             done = schedule_primfunc(stage, self.rules, target, hw)
             # A stage only the fallback takes: decline, so the fallback takes the whole
-            # function and the search is told to cut the group (api.fuse_and_schedule).
-            if done is None or str(done.attrs[RULE_ATTR]) == "fallback":
+            # function and the search is told to cut the group (pipeline.run_phases).
+            if done is None or str(done.attrs[RULE_ATTR]) in catch_all_names(self.rules):
                 return None
             scheduled.append(done)
         return s_tir.Schedule(stitch(func, scheduled))
@@ -66,7 +64,7 @@ def _plain_load(expr):
 def _weight_matmul(sch: s_tir.Schedule, block, func: tirx.PrimFunc) -> bool:
     """A dense layer's block: ``acc += a[..] * w[..]``, both factors plain loads and one of
     a compile-time constant (a variance's ``(x - m) * (x - m)`` is not one)."""
-    if not _is_contraction(sch, block):
+    if not is_contraction(sch, block):
         return False
     prod = sch.get(block).body.value.b
     sources = [_plain_load(prod.a), _plain_load(prod.b)]

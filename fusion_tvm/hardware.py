@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidHardwareSpecError
-from ..ops import OpClass
+from .errors import InvalidHardwareSpecError
+from .ops import OpClass
 
 
 class DeviceKind(str, enum.Enum):

@@ -26,13 +26,14 @@ and enough thread blocks, so this model prices the kernel's *launch shape*:
 
 time = launch + max(compute / util, memory / occupancy factor) + intermediates
 
-A backend whose rule makes a kernel these generic template guesses do not describe (the
-CUDA online-softmax attention) answers ``gpu_kernel(graph, group, rule, hw)`` with a
-:class:`GpuKernel`: its launch shape, on-chip intermediates, cache re-reads (added to the
-memory time at L2 bandwidth) and launches replace the guesses, and its contraction FLOPs
-are priced at the rule's efficiency relative to the matmul template's
-(:meth:`GpuCostModel.relative_efficiency`: the generic templates' contractions are priced
-at the raw tensor-core roofline, their efficiencies not applied). A :class:`GpuKernel`
+A target whose rule makes a kernel these generic template guesses do not describe (the
+CUDA online-softmax attention) answers ``KernelModel.gpu_kernel(graph, group, rule, hw)``
+with a :class:`~fusion_tvm.kernel_model.GpuKernel`: its launch shape, on-chip
+intermediates, cache re-reads (added to the memory time at L2 bandwidth) and launches
+replace the guesses, and its contraction FLOPs are priced at the rule's efficiency
+relative to the matmul template's (:meth:`GpuCostModel.relative_efficiency`: the generic
+templates' contractions are priced at the raw tensor-core roofline, their efficiencies
+not applied). A :class:`GpuKernel`
 without a shape makes the group infeasible.
 """
 
@@ -41,13 +42,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..errors import InvalidHardwareSpecError
-from ..graph import FusionGraph
-from ..legality import GroupKind, classify
-from ..tir_analysis import shape_elems
-from .base import Cost, register_cost_model
-from .hardware import GpuLimits, HardwareSpec, OpClass
-from .roofline import RooflineCostModel
+from ...cost_models.base import Cost, register_cost_model
+from ...cost_models.roofline import RooflineCostModel
+from ...errors import InvalidHardwareSpecError
+from ...graph import FusionGraph
+from ...hardware import GpuLimits, HardwareSpec, OpClass
+from ...kernel_model import GpuKernel, LaunchShape
+from ...legality import GroupKind, classify
+from ...tir_analysis import shape_elems
+
+__all__ = ["GpuCostModel", "GpuKernel", "GpuTemplateConfig", "LaunchShape"]
 
 #: Occupancy (resident threads / max threads per SM) at which a streaming kernel reaches
 #: its peak bandwidth; below it, too few loads are in flight to hide HBM latency.
@@ -56,56 +60,6 @@ OCCUPANCY_FOR_PEAK_BW = 0.5
 WARPS_FOR_PEAK_COMPUTE = 8
 #: Most blocks one SM holds at once (sm_80 / sm_90: 32).
 MAX_BLOCKS_PER_SM = 32
-
-
-@dataclass(frozen=True)
-class LaunchShape:
-    """How a template launches one group.
-
-    Attributes
-    ----------
-    blocks : int
-        Thread blocks of the grid.
-    threads : int
-        Threads per block.
-    registers : int
-        Registers per thread.
-    smem_bytes : int
-        Shared memory per block (template tiles plus the group's intermediates).
-    """
-
-    blocks: int
-    threads: int
-    registers: int
-    smem_bytes: int
-
-
-@dataclass(frozen=True)
-class GpuKernel:
-    """A backend's own account of the kernel its rule makes of a group.
-
-    Attributes
-    ----------
-    shape : LaunchShape or None
-        Grid and per-block resources; None when no template of the backend runs the group
-        as one kernel (the group is infeasible, ``reason`` says why).
-    onchip_bytes : float
-        The group's intermediates kept on chip, in place of the roofline's figure (an
-        online softmax keeps one tile of scores in registers: no rows of scores in cache).
-    reread_bytes : float
-        Bytes read again from cache beyond the one pass over the inputs the roofline
-        counts (K and V, once more per block of query rows).
-    launches : int
-        Kernel launches.
-    reason : str
-        Why the group is infeasible (with ``shape`` None).
-    """
-
-    shape: LaunchShape | None
-    onchip_bytes: float = 0.0
-    reread_bytes: float = 0.0
-    launches: int = 1
-    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -296,8 +250,7 @@ class GpuCostModel(RooflineCostModel):
             return base
         gpu = self.hw.gpu
         rule = base.detail["rule"]
-        hook = getattr(self.backend, "gpu_kernel", None)
-        kernel = hook(graph, group, rule, self.hw) if callable(hook) else None
+        kernel = self.kernels.gpu_kernel(graph, group, rule, self.hw)
         detail = dict(base.detail)
         if kernel is not None and kernel.shape is None:
             return replace(base, time_s=math.inf, feasible=False, detail=detail,

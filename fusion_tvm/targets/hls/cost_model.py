@@ -28,11 +28,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from ..graph import FusionGraph, PatternKind
-from ..legality import classify
-from ..ops import OpClass
-from .base import Cost, CostModel, register_cost_model
-from .hardware import HardwareSpec
+from ...cost_models.base import Cost, CostModel, register_cost_model
+from ...graph import FusionGraph, PatternKind
+from ...hardware import HardwareSpec
+from ...legality import classify
+from ...ops import OpClass
 
 #: DSP slices per operator instance: (fp32, fixed point).
 DSP_PER_OP = {
@@ -247,7 +247,7 @@ def _ops_of_block(block, contraction: bool) -> dict[str, float]:
 
 
 def _elems(shape, dims) -> float:
-    from ..tir_analysis import shape_elems
+    from ...tir_analysis import shape_elems
 
     return shape_elems(shape, dims)
 
@@ -286,7 +286,7 @@ def estimate_group(graph: FusionGraph, group: Iterable[int], hw: HardwareSpec,
                 if p in inlined_ops:
                     for k, v in inlined_ops[p].items():
                         nest_ops[k] = nest_ops.get(k, 0.0) + v
-            from ..tir_analysis import evaluate
+            from ...tir_analysis import evaluate
 
             trips = _elems(b.domain, dims)
             inner = int(evaluate(b.domain[-1], dims)) if b.domain else 1
@@ -366,7 +366,8 @@ class FpgaCostModel(CostModel):
     hw : HardwareSpec
         An FPGA spec (``"zcu104"``, ``"u250"``).
     backend : Backend, optional
-        The target backend; its ``fpga_config`` (fixed point, budgets) is used when present.
+        The target backend; its ``model_options('fpga')`` (fixed point, budgets) is used
+        when it gives an :class:`FpgaConfig`.
     config : FpgaConfig, optional
         Overrides the backend's configuration.
     """
@@ -374,13 +375,15 @@ class FpgaCostModel(CostModel):
     def __init__(self, hw: HardwareSpec, backend=None, config: FpgaConfig | None = None):
         super().__init__(hw, backend)
         if hw.fpga is None:
-            from ..errors import InvalidHardwareSpecError
+            from ...errors import InvalidHardwareSpecError
 
             raise InvalidHardwareSpecError(
                 f"the fpga cost model needs an FPGA hardware spec; '{hw.name}' has no "
                 "FpgaResources (use e.g. hw='zcu104')"
             )
-        self.config = config or getattr(backend, "fpga_config", None) or FpgaConfig()
+        given = self.kernels.model_options(self.name)
+        self.config = config or (given if isinstance(given, FpgaConfig) else None) \
+            or FpgaConfig()
         self._cache: dict[tuple, Cost] = {}
 
     def estimate(self, graph: FusionGraph, group: frozenset[int]) -> Cost:

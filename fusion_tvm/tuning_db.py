@@ -17,7 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..errors import UserInputError
+from .errors import UserInputError
 
 #: Format version written into the file; a file of another version is refused.
 VERSION = 1

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import UnknownNameError
+from .errors import UnknownNameError
 from .hardware import DeviceKind, FpgaResources, GpuLimits, HardwareSpec, MemoryLevel, OpClass
 
 KiB = 1024
