@@ -96,14 +96,8 @@ def test_rewrite_orders_groups_topologically():
     assert isinstance(values[-1], relax.Tuple)
 
 
-def test_fallback_feedback_splits_groups_templates_cannot_schedule(monkeypatch):
-    """A fused group that only the fallback rule can schedule is split and searched again."""
-    import numpy as np
-
-    import fusion_tvm
-    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
-    from fusion_tvm.targets.llvm_cpu.fallback import Fallback
-
+def _exp_add_relu() -> tvm.IRModule:
+    """exp(x) + x, then ReLU: one group when the templates take it."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
     with bb.function("main", [x]):
@@ -113,7 +107,18 @@ def test_fallback_feedback_splits_groups_templates_cannot_schedule(monkeypatch):
             c = bb.emit_te(topi.nn.relu, b, primfunc_name_hint="relu")
             out = bb.emit_output(c)
         bb.emit_func_output(out)
-    mod = bb.get()
+    return bb.get()
+
+
+def test_fallback_feedback_splits_groups_templates_cannot_schedule(monkeypatch):
+    """A fused group that only the fallback rule can schedule is split and searched again."""
+    import numpy as np
+
+    import fusion_tvm
+    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+    from fusion_tvm.targets.llvm_cpu.fallback import Fallback
+
+    mod = _exp_add_relu()
     fused = fusion_tvm.compile(mod, hw="ci-x86-avx2")
     assert fused.num_kernels == 1
     monkeypatch.setattr(LLVMCPUBackend, "schedule_rules", lambda self, hw: (Fallback(),))
@@ -134,16 +139,7 @@ def test_plan_command_shows_the_partition_that_is_built(monkeypatch):
     from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
     from fusion_tvm.targets.llvm_cpu.fallback import Fallback
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit_te(topi.exp, x, primfunc_name_hint="exp")
-            b = bb.emit_te(topi.add, a, x, primfunc_name_hint="add")
-            c = bb.emit_te(topi.nn.relu, b, primfunc_name_hint="relu")
-            out = bb.emit_output(c)
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = _exp_add_relu()
     monkeypatch.setattr(LLVMCPUBackend, "schedule_rules", lambda self, hw: (Fallback(),))
     built = fusion_tvm.compile(mod, hw="ci-x86-avx2")
     plan = search_plan(load_model(mod), "llvm", "ci-x86-avx2", {}, Progress(quiet=True))
