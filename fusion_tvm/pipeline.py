@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from .attrs import RULE_ATTR
 from .cost_models.base import CostModel, get_cost_model
 from .errors import UnknownNameError, UserInputError
 from .hardware import HardwareSpec
@@ -47,9 +46,10 @@ from .passes.prepack_weights import PrepackWeights
 from .passes.sort_shape_func_stores import SortShapeFuncStores
 from .passes.split_to_slices import SplitToSlices
 from .plan import FusionPlan
-from .presets import get_hardware
+from .presets import get_hardware, list_hardware
 from .search import SearchConfig
 from .targets.base import Backend, catch_all_names, get_backend
+from .targets.schedule import applied_rules
 
 #: Re-searches after scheduling feedback (each forbids the groups that fell back).
 FEEDBACK_ROUNDS = 4
@@ -171,38 +171,26 @@ def resolve(target: str | Backend | tvm.target.Target | Resolved | None = None,
     if isinstance(target, Resolved):
         return target
     if isinstance(target, tvm.target.Target):
-        return _resolve_tvm_target(target, hw)
+        target, hw = _backend_of(target, hw)
     backend = get_backend(target if target is not None else "llvm")
     spec = get_hardware(hw if hw is not None else backend.default_hardware)
     return Resolved(backend, spec, backend.target(spec))
 
 
-def _resolve_tvm_target(target: tvm.target.Target, hw) -> Resolved:
+def _backend_of(target: tvm.target.Target, hw) -> tuple[str, str | HardwareSpec | None]:
+    """The backend name a TVM target's kind maps to, and ``hw`` (for a CUDA target named
+    by arch alone: the GPU preset of that arch, when there is one)."""
     kind = target.kind.name
-    if kind == "cuda":
-        backend = get_backend("cuda")
-        if hw is None:
-            arch = str(target.attrs.get("arch", "")) if "arch" in target.attrs else ""
-            hw = _gpu_preset_for(arch) or backend.default_hardware
-        spec = get_hardware(hw)
-        return Resolved(backend, spec, backend.target(spec))
     if kind in ("llvm", "c"):
-        backend = get_backend("llvm")
-        spec = get_hardware(hw if hw is not None else backend.default_hardware)
-        return Resolved(backend, spec, backend.target(spec))
-    raise UserInputError(
-        f"target kind '{kind}' has no fusion_tvm backend; use an llvm or cuda target")
-
-
-def _gpu_preset_for(arch: str) -> str | None:
-    """The first GPU preset (by name) whose compute capability is ``arch`` (``sm_90``)."""
-    from .presets import list_hardware
-
-    for name in list_hardware():
-        spec = get_hardware(name)
-        if spec.gpu is not None and arch and spec.gpu.arch == arch:
-            return name
-    return None
+        return "llvm", hw
+    if kind != "cuda":
+        raise UserInputError(
+            f"target kind '{kind}' has no fusion_tvm backend; use an llvm or cuda target")
+    arch = str(target.attrs["arch"]) if "arch" in target.attrs else ""
+    if hw is None and arch:
+        gpus = {name: get_hardware(name).gpu for name in list_hardware()}
+        hw = next((name for name, gpu in gpus.items() if gpu and gpu.arch == arch), None)
+    return "cuda", hw
 
 
 def make_pipeline(
@@ -326,11 +314,7 @@ def fallback_groups(mod: tvm.IRModule, plan: FusionPlan, catch_all: frozenset[st
                     ) -> list[tuple[str, int, frozenset]]:
     """Multi-op groups of ``plan`` whose PrimFunc only a catch-all rule (``catch_all``:
     their names) scheduled."""
-    fell_back = set()
-    for gv, func in mod.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
-            if str(func.attrs.get(RULE_ATTR, "")) in catch_all:
-                fell_back.add(gv.name_hint)
+    fell_back = {name for name, rule in applied_rules(mod).items() if rule in catch_all}
     return [
         (g.function, g.block_index, frozenset(g.node_ids))
         for g in plan.groups
@@ -347,12 +331,7 @@ def record_rules(mod: tvm.IRModule, plan: FusionPlan | None) -> None:
     """
     if plan is None:
         return
-    applied = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None:
-            rule = func.attrs.get(RULE_ATTR, None)
-            if rule is not None:
-                applied[gv.name_hint] = str(rule)
+    applied = applied_rules(mod)
     for g in plan.groups:
         if g.kernel in applied:
             g.scheduled_rule = applied[g.kernel]

@@ -18,6 +18,17 @@ from .base import ScheduleRule
 
 logger = logging.getLogger(__name__)
 
+def applied_rules(mod: tvm.IRModule) -> dict[str, str]:
+    """PrimFunc name -> the schedule rule that scheduled it (unscheduled ones left out)."""
+    out = {}
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and func.attrs is not None:
+            rule = func.attrs.get(RULE_ATTR, None)
+            if rule is not None:
+                out[gvar.name_hint] = str(rule)
+    return out
+
+
 def is_scheduled(func: tirx.PrimFunc) -> bool:
     """Whether ``func`` carries ``tirx.is_scheduled`` = true."""
     return func.attrs is not None and bool(func.attrs.get(SCHEDULED_ATTR, False))

@@ -21,6 +21,7 @@ import tvm
 from tvm import tirx
 
 from ...errors import FusionTVMError
+from ..schedule import applied_rules
 
 
 class NvccError(FusionTVMError):
@@ -119,9 +120,6 @@ def nvcc_compile(source: str, arch: str, workdir: str | None = None,
 
 def scheduled_rules(mod: tvm.IRModule) -> dict[str, str]:
     """PrimFunc name -> ``fusion_tvm.rule`` attribute (``"-"`` when unscheduled)."""
-    out = {}
-    for gvar, func in mod.functions_items():
-        if isinstance(func, tirx.PrimFunc):
-            rule = func.attrs.get("fusion_tvm.rule") if func.attrs is not None else None
-            out[gvar.name_hint] = str(rule) if rule is not None else "-"
-    return out
+    applied = applied_rules(mod)
+    return {gvar.name_hint: applied.get(gvar.name_hint, "-")
+            for gvar, func in mod.functions_items() if isinstance(func, tirx.PrimFunc)}

@@ -36,6 +36,7 @@ class StagedChain(ScheduleRule):
 
     def __init__(self, rules: Sequence[ScheduleRule]):
         self.rules = list(rules)
+        self.fallback_names = catch_all_names(self.rules)
 
     def apply(
         self, func: tirx.PrimFunc, target: tvm.target.Target, hw: HardwareSpec
@@ -48,7 +49,7 @@ class StagedChain(ScheduleRule):
             done = schedule_primfunc(stage, self.rules, target, hw)
             # A stage only the fallback takes: decline, so the fallback takes the whole
             # function and the search is told to cut the group (pipeline.run_phases).
-            if done is None or str(done.attrs[RULE_ATTR]) in catch_all_names(self.rules):
+            if done is None or str(done.attrs[RULE_ATTR]) in self.fallback_names:
                 return None
             scheduled.append(done)
         return s_tir.Schedule(stitch(func, scheduled))
