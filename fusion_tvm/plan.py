@@ -50,6 +50,9 @@ class BlockPlan:
     groups: list[frozenset[int]]
     fuseops_groups: list[frozenset[int]] | None
     graph: FusionGraph = field(repr=False)
+    #: Which candidate the partition is: ``"search"``, ``"fuseops"`` or ``"unfused"``
+    #: (see :func:`~fusion_tvm.search.choose_partition`).
+    source: str = "search"
 
 
 @dataclass
@@ -68,6 +71,9 @@ class FusionPlan:
     fuseops_kernels: int | None = None
     unfused_kernels: int = 0
     search_time_s: float = 0.0
+    #: Blocks where a candidate other than the search's own partition was predicted faster
+    #: and kept: function, block, source, its predicted time and the search's.
+    fallbacks: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     blocks: list[BlockPlan] = field(default_factory=list, repr=False)
     cost_model_obj: Any = field(default=None, repr=False)
@@ -157,6 +163,12 @@ class FusionPlan:
         if self.predicted_speedup:
             lines.append(f"predicted speedup vs FuseOps: {self.predicted_speedup:.2f}x")
         lines.append(f"search time: {self.search_time_s * 1e3:.1f} ms")
+        for f in self.fallbacks:
+            lines.append(
+                f"block {f['function']}#{f['block']}: kept the {f['source']} partition "
+                f"({f['predicted_s'] * 1e3:.3f} ms predicted; the search's own "
+                f"{f['search_predicted_s'] * 1e3:.3f} ms)"
+            )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 

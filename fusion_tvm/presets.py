@@ -113,11 +113,17 @@ def cpu_spec(
     dram_gbps: float,
     launch_us: float = 1.0,
     parallel_us: float = 10.0,
+    fma_lanes: int | None = None,
+    dram_bytes: int = 64 * GiB,
 ) -> HardwareSpec:
-    """Build a CPU spec from a few datasheet numbers."""
+    """Build a CPU spec from a few datasheet numbers.
+
+    ``fma_lanes`` is the fp32 FMA lanes a core issues per cycle (two pipes times their width);
+    None assumes two pipes of at most 256 bits, as AVX-512 runs on many cores.
+    """
     lanes = simd_bits // 32
-    fma_units = 2
-    peak_fma = cores * ghz * 1e9 * fma_units * min(lanes, 8) * 2  # AVX-512 runs as 2x256 on many
+    fma_lanes = fma_lanes or 2 * min(lanes, 8)
+    peak_fma = cores * ghz * 1e9 * fma_lanes * 2
     core_bw = ghz * 1e9 * 64  # one 64-byte line per cycle from L1
     return HardwareSpec(
         name=name,
@@ -137,7 +143,7 @@ def cpu_spec(
             MemoryLevel("L1", l1, cores * core_bw, shared=False),
             MemoryLevel("L2", l2, cores * core_bw / 2, shared=False),
             MemoryLevel("L3", l3, min(cores * core_bw / 4, 4 * dram_gbps * 1e9), shared=True),
-            MemoryLevel("DRAM", 64 * GiB, dram_gbps * 1e9, shared=True),
+            MemoryLevel("DRAM", dram_bytes, dram_gbps * 1e9, shared=True),
         ),
         launch_overhead_s=launch_us * 1e-6,
         parallel_overhead_s=parallel_us * 1e-6 if cores > 1 else 0.0,
@@ -146,10 +152,96 @@ def cpu_spec(
     )
 
 
+#: fp32 FMA lanes a core issues per cycle where it is not two pipes of min(SIMD, 256) bits:
+#: two full 512-bit pipes (Zen 5, Intel server cores since Skylake-SP), one 512-bit pipe
+#: (Intel client cores with AVX-512), two 128-bit pipes (Zen 1).
+FMA_LANES = {
+    **dict.fromkeys(("znver5", "skylake-avx512", "cascadelake", "cooperlake",
+                     "icelake-server", "sapphirerapids", "emeraldrapids", "graniterapids",
+                     "graniterapids-d", "diamondrapids"), 32),
+    **dict.fromkeys(("icelake-client", "tigerlake", "rocketlake", "cannonlake"), 16),
+    "znver1": 8,
+}
+
+
+def _mem_total() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("FUSION_TVM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusion_tvm")
+    return Path(base)
+
+
+def measure_dram_gbps(cores: int, mib: int = 96, repeats: int = 5) -> float:
+    """Sustained copy bandwidth (read + write, GB/s) of ``cores`` threads, each copying its
+    own ``mib`` MiB buffer (larger than any last-level cache slice here); best of
+    ``repeats``. About a second."""
+    import threading
+    import time
+
+    import numpy as np
+
+    n = mib * MiB // 4
+    bufs = [(np.ones(n, np.float32), np.empty(n, np.float32)) for _ in range(cores)]
+    best = 0.0
+    for _ in range(repeats):
+        barrier = threading.Barrier(cores + 1)
+
+        def work(src, dst, barrier=barrier):
+            barrier.wait()
+            np.copyto(dst, src)  # releases the GIL: the threads copy at once
+
+        threads = [threading.Thread(target=work, args=b) for b in bufs]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        dt = time.perf_counter() - t0
+        best = max(best, 2 * n * 4 * cores / dt / 1e9)
+    return best
+
+
+def host_dram_gbps(cores: int) -> float:
+    """The host's copy bandwidth, measured once per machine and cached
+    (``$FUSION_TVM_CACHE`` or ``~/.cache/fusion_tvm``; ``FUSION_TVM_DRAM_GBPS`` overrides)."""
+    import json
+    import platform
+
+    if os.environ.get("FUSION_TVM_DRAM_GBPS"):
+        return float(os.environ["FUSION_TVM_DRAM_GBPS"])
+    key = f"{platform.node()}-{host_cpu_name()}-{cores}c"
+    path = _cache_dir() / "host.json"
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached.get(key), (int, float)) and cached[key] > 0:
+        return float(cached[key])
+    gbps = measure_dram_gbps(cores)
+    cached[key] = round(gbps, 2)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached, indent=1) + "\n")
+    except OSError:
+        pass  # a read-only home: measured again next process
+    return gbps
+
+
 @register_hardware("host")
 @functools.cache
 def host_cpu() -> HardwareSpec:
-    """The machine this process runs on."""
+    """The machine this process runs on: cores, SIMD width and FMA pipes of its CPU, cache
+    sizes from sysfs, memory size from /proc/meminfo, DRAM bandwidth measured (cached)."""
     from tvm.target import Target, codegen
 
     mcpu = host_cpu_name()
@@ -166,7 +258,9 @@ def host_cpu() -> HardwareSpec:
         caches.get(1, 32 * KiB),
         caches.get(2, 1 * MiB),
         caches.get(3, 8 * MiB),
-        dram_gbps=20.0,
+        dram_gbps=host_dram_gbps(cores),
+        fma_lanes=FMA_LANES.get(mcpu),
+        dram_bytes=_mem_total() or 64 * GiB,
     )
 
 

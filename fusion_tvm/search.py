@@ -210,9 +210,16 @@ def chain_seeds(graph: FusionGraph, model: CostModel,
 
 
 def greedy_partition(
-    graph: FusionGraph, model: CostModel, config: SearchConfig | None = None
+    graph: FusionGraph,
+    model: CostModel,
+    config: SearchConfig | None = None,
+    start: list[frozenset[int]] | None = None,
 ) -> list[frozenset[int]]:
-    """Priority merging of producer/consumer groups by predicted gain."""
+    """Priority merging of producer/consumer groups by predicted gain.
+
+    ``start`` (disjoint, legal groups whose quotient graph is acyclic) replaces the chain
+    seeds as the groups merging starts from.
+    """
     config = config or SearchConfig()
     n = len(graph.nodes)
     # Start from the chain seeds, every other node alone; a group is named by an id
@@ -220,7 +227,8 @@ def greedy_partition(
     members: dict[int, frozenset[int]] = {}
     owner: dict[int, int] = {}
     next_id = n
-    seeded = chain_seeds(graph, model, config)
+    seeded = chain_seeds(graph, model, config) if start is None \
+        else [g for g in start if len(g) > 1]
     for seed in seeded:
         members[next_id] = seed
         owner.update(dict.fromkeys(seed, next_id))
@@ -346,12 +354,85 @@ def singletons(graph: FusionGraph) -> list[frozenset[int]]:
     return [frozenset([i]) for i in range(len(graph.nodes))]
 
 
+def legal_part(
+    graph: FusionGraph, groups: list[frozenset[int]], model: CostModel, config: SearchConfig
+) -> list[frozenset[int]]:
+    """``groups`` with every group our legality or the model refuses split into single ops
+    (another compiler's partition, e.g. FuseOps's, made a candidate of ours); the rest as
+    they are. Unfused when the groups left make a cycle between kernels."""
+    kept: list[frozenset[int]] = []
+    for g in groups:
+        if len(g) == 1 or _acceptable(graph, g, model, config):
+            kept.append(g)
+        else:
+            kept.extend(frozenset([i]) for i in sorted(g))
+    if not quotient_is_acyclic(graph, kept):
+        return singletons(graph)
+    return sorted(kept, key=min)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The partition kept for a block and where it came from.
+
+    Attributes
+    ----------
+    groups : list of frozenset
+        The partition.
+    source : str
+        ``"search"``; ``"fuseops"`` (FuseOps's partition, legal parts, merged further by
+        the greedy search) or ``"unfused"`` when those are predicted faster than the
+        search's own result.
+    time_s : float
+        Its predicted time.
+    search_time_s : float
+        The search's own result's predicted time (equal to ``time_s`` when it won).
+    """
+
+    groups: list[frozenset[int]]
+    source: str
+    time_s: float
+    search_time_s: float
+
+
+def choose_partition(
+    graph: FusionGraph,
+    model: CostModel,
+    config: SearchConfig | None = None,
+    baseline: list[frozenset[int]] | None = None,
+) -> Choice:
+    """The search's partition, unless another candidate is predicted faster.
+
+    The search is a heuristic on large blocks: priority merging can lock in a merge that
+    blocks better ones. The candidates it must beat under the same model are the unfused
+    partition and, given ``baseline`` (FuseOps's partition), that partition's legal part
+    merged further by the greedy search. Ties go to the search, so plans that already
+    beat both do not move.
+    """
+    config = config or SearchConfig()
+    groups = search_partition(graph, model, config)
+    ours = model.estimate_plan(graph, groups)
+    best = Choice(groups, "search", ours, ours)
+    candidates = [("unfused", singletons(graph))]
+    if baseline is not None:
+        start = legal_part(graph, baseline, model, config)
+        candidates.insert(0, ("fuseops", greedy_partition(graph, model, config, start)))
+    for source, cand in candidates:
+        t = model.estimate_plan(graph, cand)
+        if round(t, 12) < round(best.time_s, 12):
+            best = Choice(sorted(cand, key=min), source, t, ours)
+    return best
+
+
 __all__ = [
+    "Choice",
     "SearchConfig",
     "brute_force_partition",
     "chain_seeds",
+    "choose_partition",
     "exact_partition",
     "greedy_partition",
+    "legal_part",
     "search_partition",
     "singletons",
 ]

@@ -4,12 +4,16 @@ import time
 
 import pytest
 
+from fusion_tvm.cost_models.base import Cost, CostModel
 from fusion_tvm.legality import TemplateLimits, is_legal, quotient_is_acyclic
+from fusion_tvm.presets import get_hardware
 from fusion_tvm.search import (
     SearchConfig,
     brute_force_partition,
+    choose_partition,
     exact_partition,
     greedy_partition,
+    legal_part,
     search_partition,
 )
 from fusion_tvm.testing.synthetic import ConstantCostModel, TableCostModel, make_graph, random_dag
@@ -107,3 +111,72 @@ def test_thousand_node_graph_searches_quickly():
     elapsed = time.perf_counter() - t0
     _check_partition(graph, groups)
     assert elapsed < 20.0  # generous for loaded CI; the benchmark reports the real figure
+
+
+class _GroupTable(CostModel):
+    """Times per group from a table; groups not listed cost the sum of their members + 1."""
+
+    def __init__(self, table):
+        super().__init__(get_hardware("ci-x86-avx2"))
+        self.table = {frozenset(k): v for k, v in table.items()}
+
+    def estimate(self, graph, group):
+        if group in self.table:
+            return Cost(self.table[group])
+        return Cost(sum(self.table[frozenset([i])] for i in group) + 1.0)
+
+
+def _chain_trap():
+    # 0 -> 1 -> 2 -> 3: merging {1, 2} gains most (5), but {0, 1} + {2, 3} gains 8 and
+    # priority merging can no longer reach it; the whole chain is slow.
+    graph = make_graph(4, [(0, 1), (1, 2), (2, 3)])
+    model = _GroupTable({(0,): 5, (1,): 5, (2,): 5, (3,): 5, (1, 2): 5,
+                         (0, 1): 6, (2, 3): 6, (0, 1, 2): 20, (1, 2, 3): 20,
+                         (0, 1, 2, 3): 40})
+    return graph, model, SearchConfig(exact_limit=0)  # force the greedy search
+
+
+def test_fuseops_partition_kept_where_the_search_prices_worse():
+    graph, model, cfg = _chain_trap()
+    assert greedy_partition(graph, model, cfg) == \
+        [frozenset([0]), frozenset([1, 2]), frozenset([3])]
+    plain = choose_partition(graph, model, cfg)
+    assert (plain.source, plain.time_s) == ("search", 15)
+    fo = [frozenset([0, 1]), frozenset([2, 3])]
+    choice = choose_partition(graph, model, cfg, fo)
+    assert (choice.source, choice.groups, choice.time_s, choice.search_time_s) == \
+        ("fuseops", fo, 12, 15)
+
+
+def test_search_kept_on_ties_and_where_it_wins():
+    graph, model, cfg = _chain_trap()
+    searched = greedy_partition(graph, model, cfg)
+    assert choose_partition(graph, model, cfg, searched).source == "search"
+    worse = [frozenset([0, 1, 2]), frozenset([3])]
+    # FuseOps's start is merged further only where that gains; here it cannot beat 15.
+    assert choose_partition(graph, model, cfg, worse).source == "search"
+
+
+def test_illegal_baseline_groups_are_split():
+    # 0 -> 1 (barrier) -> 2 and 0 -> 2: {0, 2} is not convex; {0} and {2} alone remain.
+    graph = make_graph(4, [(0, 1), (1, 2), (0, 2), (2, 3)], barriers={1})
+    model = ConstantCostModel(fuse=True)
+    part = legal_part(graph, [frozenset([0, 2]), frozenset([1]), frozenset([3])], model,
+                      SearchConfig())
+    assert part == [frozenset([i]) for i in range(4)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_choice_never_worse_than_its_candidates(seed):
+    graph = random_dag(40, seed, edge_prob=0.1)
+    model = TableCostModel(seed=seed)
+    cfg = SearchConfig(exact_limit=0)
+    # Another model's plan stands in for FuseOps's.
+    other = greedy_partition(graph, TableCostModel(seed=seed + 1000), cfg)
+    choice = choose_partition(graph, model, cfg, other)
+    _check_partition(graph, choice.groups)
+    t = model.estimate_plan(graph, choice.groups)
+    assert t == pytest.approx(choice.time_s)
+    assert t <= model.estimate_plan(graph, other) + 1e-9
+    assert t <= model.estimate_plan(graph, greedy_partition(graph, model, cfg)) + 1e-9
+    assert t <= sum(model.estimate(graph, frozenset([i])).time_s for i in range(40)) + 1e-9

@@ -21,7 +21,7 @@ from ..grouping import rewrite_block, vars_used_after
 from ..hardware import HardwareSpec
 from ..plan import BlockPlan, FusionPlan, count_kernels, group_plan, is_kernel
 from ..presets import get_hardware
-from ..search import SearchConfig, search_partition, singletons
+from ..search import SearchConfig, choose_partition, singletons
 from ..shape_hints import check_names, representative, sample_points
 
 
@@ -138,16 +138,18 @@ class FuseByCostModel:
                 used_later = vars_used_after(func, bi)
                 graph = build_fusion_graph(mod, block, used_later, dims, info_cache)
                 graph.forbidden = [g for f, b, g in self.config.forbidden if (f, b) == (fname, bi)]
-                t0 = time.perf_counter()
-                groups = search_partition(graph, model, self.config)
-                search_s += time.perf_counter() - t0
                 fo_groups = None
                 if baseline is not None:
                     fo_groups = _complete(baseline.get((fi, bi), []), len(graph.nodes))
                     fo_time += model.estimate_plan(graph, fo_groups)
                     fo_kernels += count_kernels(graph, fo_groups)
-                plan.blocks.append(BlockPlan(fname, bi, groups, fo_groups, graph))
-                plan.predicted_time_s += model.estimate_plan(graph, groups)
+                t0 = time.perf_counter()
+                choice = choose_partition(graph, model, self.config, fo_groups)
+                search_s += time.perf_counter() - t0
+                groups = choice.groups
+                _note_choice(plan, fname, bi, choice)
+                plan.blocks.append(BlockPlan(fname, bi, groups, fo_groups, graph, choice.source))
+                plan.predicted_time_s += choice.time_s
                 plan.unfused_time_s += model.estimate_plan(graph, singletons(graph))
                 plan.num_kernels += count_kernels(graph, groups)
                 plan.unfused_kernels += count_kernels(graph, singletons(graph))
@@ -175,6 +177,15 @@ class FuseByCostModel:
         funcs_out = {gv: new_funcs.get(gv.name_hint, f) for gv, f in out.functions.items()}
         out = tvm.IRModule(funcs_out, attrs=out.attrs, global_infos=out.global_infos)
         return relax.transform.Normalize()(out)
+
+
+def _note_choice(plan: FusionPlan, fname: str, bi: int, choice) -> None:
+    """Record a block where a partition other than the search's own was kept."""
+    if choice.source != "search":
+        plan.fallbacks.append({
+            "function": fname, "block": bi, "source": choice.source,
+            "predicted_s": choice.time_s, "search_predicted_s": choice.search_time_s,
+        })
 
 
 def _complete(groups: list[set[int]], n: int) -> list[frozenset[int]]:
