@@ -285,6 +285,19 @@ def stock_kernel_counts(model) -> dict[str, int]:
     return {"unfused": unfused, "fuseops": count_call_tir(fused)}
 
 
+def layout_conversions(plan) -> dict | None:
+    """Activation layout conversions (NCHW <-> NCHWc) executed per run: ``ops`` in all,
+    ``alone`` of them in kernels of their own (the rest fused into a neighbour's kernel)."""
+    if plan is None or not getattr(plan, "groups", None):
+        return None
+    ops = alone = 0
+    for g in plan.groups:
+        n = sum(1 for f in g.prim_funcs if f.startswith(("to_nchwc", "to_nchw")))
+        ops += n
+        alone += int(n > 0 and n == len(g.prim_funcs))
+    return {"ops": ops, "alone": alone}
+
+
 # ---------------------------------------------------------------------------- measurement
 @dataclass
 class Result:
@@ -437,6 +450,7 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
     if "ours" in results and results["ours"].kernels is not None:
         row["kernels"]["ours"] = results["ours"].kernels
     if plan is not None:
+        row["layout_conversions"] = layout_conversions(plan)
         row["predicted"] = {k: getattr(plan, k, None) for k in
                             ("predicted_time_s", "baseline_time_s", "predicted_speedup")}
         try:  # modeled memory traffic of each partition (bytes between kernels, DRAM part)
