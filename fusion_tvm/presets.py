@@ -93,6 +93,34 @@ def host_cpu_name() -> str:
     return str(codegen.llvm_get_system_cpu())
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+#: Widest vector register per x86 feature flag, widest first.
+_X86_SIMD = (("avx512f", 512), ("avx2", 256), ("avx", 256), ("sse2", 128))
+
+
+def host_simd_bits(llvm_bits: int) -> int:
+    """Vector register width of the host CPU in bits.
+
+    On x86 it is read off the CPU's feature flags: LLVM's vector width for a named CPU is
+    not it (TVM 0.27 answers 512 for ``znver3`` and ``haswell``, AVX2 parts with 16
+    256-bit registers). Elsewhere (or without ``/proc/cpuinfo``) LLVM's answer stands.
+    """
+    flags = _cpu_flags()
+    for flag, bits in _X86_SIMD:
+        if flag in flags:
+            return bits
+    return llvm_bits
+
+
 def host_num_cores() -> int:
     """Cores this process may use."""
     try:
@@ -247,7 +275,7 @@ def host_cpu() -> HardwareSpec:
     mcpu = host_cpu_name()
     cores = host_num_cores()
     tgt = Target({"kind": "llvm", "mcpu": mcpu})
-    simd = int(codegen.llvm_get_vector_width(tgt)) or 128
+    simd = host_simd_bits(int(codegen.llvm_get_vector_width(tgt)) or 128)
     caches = _cache_sizes()
     return cpu_spec(
         "host",
