@@ -318,3 +318,23 @@ def test_misaligned_channel_slice_unblocks_and_matches_onnxruntime():
     mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
     assert ("to_nchw", (1, 4, 14, 14, 8)) in _layout_changes(mod)  # all 32 channels
     _matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_grouped_conv_of_whole_blocks_is_lowered_blocked(stride):
+    """ConvertLayout blocks a grouped conv whose groups are whole channel blocks (ResNeXt's
+    32 groups of 16 channels under b = 8); the rewriter lowers it to the blocked kernel
+    (it was left as an ``R.nn.conv2d`` in NCHW8c that no pass lowers: "CodeGenVM cannot
+    emit this Relax operator", ResNeXt-50 did not compile)."""
+    from benchmarks.zoo.builder import GraphBuilder
+    from fusion_tvm.frontend import load_model
+
+    g = GraphBuilder("grouped")
+    y = g.relu(g.conv(g.add_input("x", [1, 64, 10, 10]), 64, 128, 1, bias=True))
+    y = g.relu(g.conv(y, 128, 128, 3, stride=stride, group=8, bias=True))
+    g.add_output(g.conv(y, 128, 32, 1))
+    model = g.build()
+    mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
+    assert "R.nn.conv2d(" not in mod["main"].script(show_meta=False)
+    rules = _rules(_matches_onnxruntime(model))
+    assert rules["conv2d_nchwc"] == 3 and rules["fallback"] == 0
