@@ -6,7 +6,7 @@ import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
@@ -24,23 +24,31 @@ from .shape_hints import check_names, sample_values
 from .threads import use_all_cores
 from .tuning_db import TuningDatabase
 
+if TYPE_CHECKING:
+    from .profile import ModelProfile
+
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
-def count_kernels(mod: tvm.IRModule) -> int:
-    """``call_tir`` calls left in the Relax functions of ``mod`` (views excluded)."""
+def kernel_calls(mod: tvm.IRModule) -> list[str]:
+    """The PrimFunc of every ``call_tir`` left in the Relax functions of ``mod`` (views
+    excluded), in call order within each function: the kernels one run launches."""
     mod = relax.transform.RewriteDataflowReshape()(mod)
-    count = 0
+    calls: list[str] = []
 
     def visit(e):
-        nonlocal count
         if isinstance(e, relax.Call) and e.op.same_as(CALL_TIR):
-            count += 1
+            calls.append(e.args[0].name_hint)
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func.body, visit)
-    return count
+    return calls
+
+
+def count_kernels(mod: tvm.IRModule) -> int:
+    """``call_tir`` calls left in the Relax functions of ``mod`` (views excluded)."""
+    return len(kernel_calls(mod))
 
 
 class CompiledModel:
@@ -170,6 +178,44 @@ class CompiledModel:
         args = [tvm.runtime.tensor(a, self.device) for a in arrays]
         main = self.vm["main"]
         return lambda: main(*args)
+
+    def kernel_calls(self) -> list[str]:
+        """The PrimFunc of every kernel one run launches, in call order (views excluded;
+        ``len`` is :attr:`num_kernels`)."""
+        return kernel_calls(self.fused_mod)
+
+    def profile(self, feeds: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
+                repeat: int = 7, seed: int = 0, model: str = "") -> ModelProfile:
+        """Time every kernel of one run and the whole run; set them against the plan.
+
+        Parameters
+        ----------
+        feeds : mapping or sequence, optional
+            The inputs (as for :meth:`run`); random arrays shaped like the model's inputs
+            when None, symbolic dims at the plan's values.
+        repeat : int
+            Timing rounds (each kernel and the whole run loop for a few ms a round); the
+            minimum is kept.
+        seed : int
+            Seed of the random inputs.
+        model : str
+            Name shown in the table.
+
+        Returns
+        -------
+        ModelProfile
+            ``table()``, ``to_json()``; kernels slowest first.
+        """
+        from .profile import profile_model, random_feeds
+
+        if feeds is None:
+            dims = dict(self.plan.dims) if self.plan is not None \
+                else default_dims(self.loaded.mod)
+            feeds = random_feeds(self.loaded, dims, seed)
+        arrays = self._check_feeds(feeds)
+        dims = {**(self.plan.dims if self.plan is not None else {}), **self._bound}
+        variant = self._variant()
+        return profile_model(variant, arrays, dims, repeat=repeat, seed=seed, model=model)
 
     def export(self, path: str | os.PathLike) -> str:
         """Export the VM executable as a shared library loadable by ``tvm.runtime.load_module``."""

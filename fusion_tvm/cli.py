@@ -4,6 +4,7 @@
     fusion-tvm compile model.onnx -o model.so        # also writes model.plan.json
     fusion-tvm run model.so --out outputs/           # plain TVM runtime, random inputs
     fusion-tvm bench model.onnx --repeat 50 --threads 2
+    fusion-tvm profile model.onnx --json profile.json --html report.html
     fusion-tvm explain model.onnx --ops conv2d tir_sigmoid
     fusion-tvm hw list | hw show h100 --json
 
@@ -405,13 +406,10 @@ def signature_from_stats(stats: str) -> list[dict]:
 
 
 def _random_input(spec: dict, dims: dict, rng):
-    import numpy as np
+    from .profile import random_array
 
     shape = tuple(d if isinstance(d, int) else int(dims.get(d, 1)) for d in spec["shape"])
-    dtype = np.dtype(spec["dtype"])
-    if dtype.kind in "iub":  # ids and masks: small values valid for any vocabulary
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+    return random_array(shape, spec["dtype"], rng)
 
 
 def _load_npy(path: str):
@@ -647,6 +645,49 @@ def cmd_bench(args, progress: Progress) -> int:
     return EXIT_OK
 
 
+# -- profile -------------------------------------------------------------------------------
+def cmd_profile(args, progress: Progress) -> int:
+    """Every kernel of one run: measured, predicted, rule, GFLOP/s, GB/s, roofline share."""
+    import fusion_tvm
+
+    if args.repeat < 1:
+        raise UserInputError(f"--repeat must be at least 1, got {args.repeat}")
+    from .targets.base import get_backend
+
+    hints = parse_shape_hints(args.shape)
+    _check_target_hw(args)
+    if get_backend(args.target).name != "llvm":
+        raise UserInputError(f"profile times kernels on this CPU: --target llvm, not "
+                             f"'{args.target}'")
+    to_stdout = args.json or args.json_out == "-"
+    for path in (args.html, None if to_stdout else args.json_out):
+        if path:
+            _check_out_dir(path)
+    loaded = _load(args.model, progress)
+    check_hints(hints, loaded)
+    with progress.step("searching, scheduling and building"):
+        cm = fusion_tvm.compile(loaded.mod, target=args.target, hw=args.hw,
+                                shape_hints=cost_hints(hints))
+    name = Path(args.model).name
+    with progress.step(f"timing {cm.num_kernels} kernels and the whole run"):
+        prof = cm.profile(repeat=args.repeat, seed=args.seed, model=name)
+    if args.html:
+        from .report import render_html
+
+        with progress.step(f"writing {args.html}"):
+            _write_text(args.html, render_html(cm.plan, title=name, profile=prof), "report")
+    if to_stdout:
+        _emit_json(prof.to_json())
+        return EXIT_OK
+    if args.json_out:
+        _write_text(args.json_out, json.dumps(prof.to_json(), indent=2) + "\n", "profile")
+    print(prof.table())
+    for path, what in ((args.json_out, "json"), (args.html, "report")):
+        if path:
+            print(f"{what}: {path}")
+    return EXIT_OK
+
+
 # -- explain -------------------------------------------------------------------------------
 def cmd_explain(args, progress: Progress) -> int:
     """Why are two ops (not) fused?"""
@@ -776,7 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, parents=[_common()],
         description="Cost-model-driven operator fusion for Apache TVM: plan, compile, run, "
-                    "benchmark and explain.")
+                    "benchmark, profile and explain.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("plan", parents=[common], help="search and print the fusion plan")
@@ -820,6 +861,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="threads for TVM (TVM_NUM_THREADS) and onnxruntime")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("profile", parents=[_common(json_flag=False)],
+                       help="time every kernel of one run against the plan's predictions")
+    _model_options(p)
+    p.add_argument("--json", dest="json_out", nargs="?", const="-", default=None,
+                   metavar="FILE", help="write the profile as JSON to FILE (alone or '-': "
+                                        "to stdout instead of the table)")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="write the plan's HTML report with the profile as a section")
+    p.add_argument("--repeat", type=int, default=7,
+                   help="timing rounds, the minimum kept (default 7; each kernel loops "
+                        "for >= 3 ms a round)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("explain", parents=[common], help="why are two ops (not) fused?")
     _model_options(p)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from .explain import Explanation, explain
 from .plan import BlockPlan, FusionPlan, is_kernel
+from .profile import ModelProfile
 
 # ------------------------------------------------------------------------------- op labels
 _VIEW_ATTR = "_report_unique_view"  # cached on the plan: the view's graphs must outlive it
@@ -500,6 +501,41 @@ def _groups_table(plan: FusionPlan) -> str:
     return "<table class='groups'>" + "".join(rows) + "</table>"
 
 
+def _profile_table(profile: ModelProfile) -> str:
+    """The measured profile: one row per kernel, slowest first (a row opens its plan
+    group's details), and the total."""
+    def num(v, fmt: str) -> str:
+        return format(v, fmt) if v is not None else "-"
+
+    rows = ["<tr><th>#</th><th>kernel</th><th>rule</th><th>measured</th><th>of run</th>"
+            "<th>predicted</th><th>pred / meas</th><th>GFLOP/s</th><th>GB/s</th>"
+            "<th>roofline</th></tr>"]
+    for k in profile.kernels:
+        share = k.measured_s * k.calls / profile.run_s if profile.run_s else 0.0
+        row = f' data-row="{k.group}"' if k.group is not None else ""
+        swatch = (f'<span class="sw" style="background:{group_color(k.group)}"></span>'
+                  if k.group is not None else "")
+        calls = f" (x{k.calls})" if k.calls > 1 else ""
+        rows.append(
+            f"<tr{row}><td>{swatch}{k.index}</td><td class='mono'>{_esc(k.kernel)}{calls}</td>"
+            f"<td>{_esc(k.rule or '-')}</td><td>{_esc(_fmt_time(k.measured_s))}</td>"
+            f'<td><span class="bar" style="width:{100 * share:.0f}px"></span> '
+            f"{100 * share:.0f}%</td><td>{_esc(_fmt_time(k.predicted_s))}</td>"
+            f"<td>{num(k.predicted_ratio, '.2f')}</td><td>{num(k.gflops, '.1f')}</td>"
+            f"<td>{num(k.gbps, '.1f')}</td>"
+            f"<td>{num(k.roofline_share and 100 * k.roofline_share, '.0f')}"
+            f"{'%' if k.roofline_share is not None else ''}</td></tr>")
+    t = profile.timing
+    how = (f"each kernel timed alone from the built library, {t.get('statistic', 'min')} of "
+           f"{t.get('repeat')} rounds of &ge; {t.get('min_repeat_ms')} ms") if t else ""
+    notes = "".join(f"<div>note: {_esc(n)}</div>" for n in profile.notes)
+    return (f"<table class='groups profile'>{''.join(rows)}</table>"
+            f"<div class='total'>{_esc(profile.total_line())}</div>"
+            f"<div class='legend'>{how}; roofline = the machine's roofline bound / measured; "
+            f"the whole run goes through the Relax VM, the difference is its overhead."
+            f"{notes}</div>")
+
+
 _CSS = """
 *{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1d2330;
@@ -546,6 +582,10 @@ svg .blk{font-weight:700;fill:#475069}
 .why b{color:#1d2330}
 .legend{font-size:12px;color:#6a7386;margin-top:6px}
 footer{padding:0 22px 18px;color:#8a92a3;font-size:12px}
+.bar{display:inline-block;height:9px;background:#4c6ef5;border-radius:2px;vertical-align:middle}
+table.profile td:nth-child(n+4),table.profile th:nth-child(n+4){text-align:right;
+ white-space:nowrap}
+.total{margin-top:8px;font-weight:600}
 """
 
 _JS = r"""
@@ -601,7 +641,8 @@ _JS = r"""
 """
 
 
-def render_html(plan: FusionPlan, title: str = "fusion plan") -> str:
+def render_html(plan: FusionPlan, title: str = "fusion plan",
+                profile: ModelProfile | None = None) -> str:
     """One self-contained HTML page: the graph as inline SVG, per-kernel details, summary.
 
     Parameters
@@ -610,6 +651,9 @@ def render_html(plan: FusionPlan, title: str = "fusion plan") -> str:
         A plan from :class:`~fusion_tvm.passes.FuseByCostModel` (with its blocks).
     title : str
         Shown in the header and the page title.
+    profile : ModelProfile, optional
+        The measured profile of the model built from ``plan``
+        (:meth:`~fusion_tvm.api.CompiledModel.profile`): shown as a table of its own.
 
     Returns
     -------
@@ -623,6 +667,10 @@ def render_html(plan: FusionPlan, title: str = "fusion plan") -> str:
     meta = (f"{_esc(plan.target)} · {_esc(plan.hardware)} · cost model {_esc(plan.cost_model)}"
             f" · dims: {_esc(dims)} · search {plan.search_time_s * 1e3:.0f} ms")
     notes = "".join(f"<div>note: {_esc(n)}</div>" for n in plan.notes)
+    measured = "" if profile is None else (
+        f'<section class="card" style="grid-column:1/-1" id="profile"><h2>measured profile '
+        f"({profile.num_kernels} kernels, whole run {_esc(_fmt_time(profile.run_s))})</h2>"
+        f"{_profile_table(profile)}</section>\n")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -643,7 +691,7 @@ views). Click a kernel for its details and the reason for each boundary.</div>
 <div id="details"><div class="empty">Click a kernel.</div></div></section>
 </aside>
 <section class="card" style="grid-column:1/-1"><h2>kernels</h2>{_groups_table(plan)}</section>
-</main>
+{measured}</main>
 <footer>generated by fusion_tvm{notes}</footer>
 <script type="application/json" id="plan-data">{blob}</script>
 <script>{_JS}</script>
