@@ -338,3 +338,39 @@ def test_grouped_conv_of_whole_blocks_is_lowered_blocked(stride):
     assert "R.nn.conv2d(" not in mod["main"].script(show_meta=False)
     rules = _rules(_matches_onnxruntime(model))
     assert rules["conv2d_nchwc"] == 3 and rules["fallback"] == 0
+
+
+def _squeeze_excite(gate: str = "Sigmoid", scale_first: bool = True):
+    """EfficientNet's block: 1x1 expand + SiLU, depthwise 3x3 + SiLU, squeeze-and-excite
+    (global average pool, 1x1 reduce + SiLU, 1x1 expand + gate, channel scale, the scale
+    first as torchvision writes it), 1x1 projection."""
+    from benchmarks.zoo.builder import GraphBuilder
+
+    g = GraphBuilder("se")
+    x = g.silu(g.conv(g.add_input("x", [1, 16, 12, 12]), 16, 32, 1, bias=True))
+    x = g.silu(g.conv(x, 32, 32, 3, group=32, bias=True))
+    s = g.op("GlobalAveragePool", [x])
+    s = g.silu(g.conv(s, 32, 8, 1, bias=True))
+    s = g.op(gate, [g.conv(s, 8, 32, 1, bias=True)])
+    g.add_output(g.conv(g.op("Mul", [s, x] if scale_first else [x, s]), 32, 16, 1, bias=True))
+    return g.build()
+
+
+@pytest.mark.parametrize(("gate", "scale_first"),
+                         [("Sigmoid", True), ("HardSigmoid", True), ("Sigmoid", False)])
+def test_squeeze_excitation_stays_blocked(gate, scale_first):
+    """The pool, the two small convs, the gate and the channel scale run on the blocked
+    tensors: the only layout changes are the input's block and the output's unblock (the
+    pool read an unblocked copy and the scale unblocked and re-blocked its operand: four
+    more). The scale and the projection reading it are one kernel (the rewrite left an
+    alias binding between them that kept them apart)."""
+    from fusion_tvm.frontend import load_model
+
+    model = _squeeze_excite(gate, scale_first)
+    mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
+    assert sorted(k for k, _ in _layout_changes(mod)) == ["to_nchw", "to_nchwc"]
+    compiled = _matches_onnxruntime(model)
+    assert compiled.num_kernels == 6
+    last = compiled.plan.groups[-1].prim_funcs
+    assert last[0].startswith("multiply") and last[1].startswith("conv2d_nchwc")
+    assert _rules(compiled)["fallback"] == 0

@@ -51,6 +51,10 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: Pooling moved into the blocked layout when its input is blocked (per-channel windows).
 _POOL = {tvm.ir.Op.get("relax.nn.max_pool2d"): relax.op.nn.max_pool2d,
          tvm.ir.Op.get("relax.nn.avg_pool2d"): relax.op.nn.avg_pool2d}
+#: Reductions over the spatial axes moved into the blocked layout (global pooling, the
+#: squeeze of a squeeze-and-excitation block): per channel, so the blocks stay intact.
+_SPATIAL_REDUCE = {tvm.ir.Op.get(f"relax.{name}"): getattr(relax.op, name)
+                   for name in ("mean", "sum", "max", "min")}
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _BLOCKED_KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
 
@@ -313,6 +317,15 @@ class _BlockedRewriter(relax.PyExprMutator):
                     twin, a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
                     bool(a.count_include_pad), layout=f"NCHW{self.b}c"))
                 return None
+        if value.op in _SPATIAL_REDUCE:
+            reduced = self._blocked_reduce(value)
+            if reduced is not None:
+                kind, expr = reduced
+                if kind == "blocked":
+                    self._emit_blocked(binding, expr)
+                else:
+                    self._emit(binding, expr)
+                return None
         if value.op.same_as(_STRIDED_SLICE):
             sliced = self._blocked_slice(value)
             if sliced is not None:
@@ -356,9 +369,38 @@ class _BlockedRewriter(relax.PyExprMutator):
         return relax.op.strided_slice(twin, axes=[1], begin=[start // b],
                                       end=[(start + taken) // b], assume_inbound=True)
 
+    def _blocked_reduce(self, call: relax.Call) -> tuple[str, relax.Expr] | None:
+        """A reduction over H and W of a blocked tensor, on its twin: ``("blocked", e)``
+        for ``keepdims`` (``[N, C/b, 1, 1, b]``), ``("plain", e)`` without (``[N, C/b, b]``
+        reshaped to ``[N, C]``: channel ``c`` is block ``c // b``, lane ``c % b``)."""
+        twin = self._twin(call.args[0])
+        shape = static_shape(call.args[0])
+        if twin is None or shape is None or len(shape) != 4 or call.attrs.axis is None:
+            return None
+        if sorted(int(a) % 4 for a in call.attrs.axis) != [2, 3]:
+            return None
+        keep = bool(call.attrs.keepdims)
+        reduced = _SPATIAL_REDUCE[call.op](twin, axis=[2, 3], keepdims=keep)
+        if keep:
+            return "blocked", reduced
+        return "plain", relax.op.reshape(self.builder_.emit(reduced), call.ty.shape)
+
+    def _channel_twin(self, expr: relax.Expr, out) -> relax.Expr | None:
+        """The blocked twin of a per-channel ``[1 or N, C, 1, 1]`` operand broadcast over
+        an ``out``-shaped blocked tensor (a squeeze-and-excitation scale): the twin
+        ``[., C/b, 1, 1, b]`` broadcasts over the blocked output the same way."""
+        twin, shape = self._twin(expr), static_shape(expr)
+        if twin is None or shape is None or len(shape) != 4 or shape[2:] != [1, 1]:
+            return None
+        twin_shape = static_shape(twin)
+        if twin_shape is None or twin_shape[-1] != self.b or shape[1] != out[1]:
+            return None
+        return twin if shape[0] in (1, out[0]) else None
+
     def _blocked_operands(self, call: relax.Call, args) -> list[relax.Expr] | None:
         """Operands of a binary op in the blocked layout: blocked twins of same-shaped
-        tensors, scalars as they are, per-channel ``[1, C, 1, 1]`` operands blocked."""
+        tensors and of per-channel ``[1, C, 1, 1]`` tensors, scalars as they are, other
+        per-channel operands blocked."""
         out = static_shape(call)
         if out is None or len(out) != 4 or all(self._twin(a) is None for a in call.args):
             return None
@@ -368,6 +410,8 @@ class _BlockedRewriter(relax.PyExprMutator):
             twin = self._twin(orig)
             if twin is not None and tvm_ffi.structural_equal(orig.ty.shape, call.ty.shape):
                 operands.append(twin)
+            elif (channel := self._channel_twin(orig, out)) is not None:
+                operands.append(channel)
             elif shape == []:
                 operands.append(arg)
             elif shape == [1, out[1], 1, 1] and isinstance(out[1], int) and out[1] % self.b == 0:
@@ -571,6 +615,9 @@ class ConvertToNCHWc:
         mod = _run(_BlockedRewriter(mod, block), mod)
         # ConvertLayout transforms a tensor once per consumer (a residual input twice)
         mod = relax.transform.EliminateCommonSubexpr()(mod)
+        # block(unblock(x)) rewritten to x leaves ``y = x`` bindings: aliases the fusion
+        # graph cannot see through (an SE scale stayed apart from the conv reading it)
+        mod = relax.transform.CanonicalizeBindings()(mod)
         return relax.transform.DeadCodeElimination()(mod)
 
 
