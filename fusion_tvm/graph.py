@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import reduce
 
 import tvm
 from tvm import relax, tirx
@@ -157,6 +158,21 @@ def _sym_names_of(ty) -> set[str]:
         return set()
 
 
+def _same_size(args, out: relax.Var) -> bool:
+    """One tensor argument with as many elements as ``out``: a leading slice (the first
+    channel blocks of a blocked tensor) also maps flat index to flat index, but it is a
+    copy, not a view RewriteDataflowReshape can make of it."""
+    tensors = [a for a in args if isinstance(getattr(a, "ty", None), relax.TensorType)]
+    if len(tensors) != 1:
+        return False
+    shapes = [t.ty.shape for t in (tensors[0], out)]
+    if not all(isinstance(s, relax.ShapeExpr) for s in shapes):
+        return False
+    sizes = [reduce(lambda a, b: a * b, s.values, tirx.IntImm("int64", 1))
+             for s in shapes]
+    return tvm.sym.Analyzer().can_prove_equal(sizes[0], sizes[1])
+
+
 def build_fusion_graph(
     mod: tvm.IRModule,
     block: relax.DataflowBlock,
@@ -217,7 +233,7 @@ def build_fusion_graph(
             # produces a block output (which needs its own memory).
             node.is_view = bool(relax.analysis.has_reshape_pattern(func)) and isinstance(
                 var, relax.DataflowVar
-            )
+            ) and _same_size(value.args[1].fields, var)
             pattern = func.attrs.get("op_pattern", 8) if func.attrs is not None else 8
             node.pattern = PatternKind(int(pattern)) if int(pattern) in (0, 1, 2, 3, 4, 7) \
                 else PatternKind.OPAQUE

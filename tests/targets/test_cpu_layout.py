@@ -374,3 +374,33 @@ def test_squeeze_excitation_stays_blocked(gate, scale_first):
     last = compiled.plan.groups[-1].prim_funcs
     assert last[0].startswith("multiply") and last[1].startswith("conv2d_nchwc")
     assert _rules(compiled)["fallback"] == 0
+
+
+def test_inception_concat_stays_blocked():
+    """Branches of whole channel blocks (a 1x1 conv, a 3x3 conv, a pooled 1x1 conv) joined
+    along the channels are joined block by block: no branch is unblocked to concatenate
+    in NCHW and re-blocked for the next conv (GoogLeNet: 53 layout changes a run, now 1)."""
+    from benchmarks.zoo.builder import GraphBuilder
+    from fusion_tvm.frontend import load_model
+
+    g = GraphBuilder("inception")
+    x = g.relu(g.conv(g.add_input("x", [1, 8, 12, 12]), 8, 16, 3, bias=True))
+    a = g.relu(g.conv(x, 16, 16, 1, bias=True))
+    b = g.relu(g.conv(x, 16, 8, 3, bias=True))
+    p = g.op("MaxPool", [x], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    c = g.relu(g.conv(p, 16, 8, 1, bias=True))
+    y = g.op("Concat", [a, b, c], axis=1)
+    g.add_output(g.conv(y, 32, 16, 1, bias=True))
+    model = g.build()
+    mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
+    assert sorted(k for k, _ in _layout_changes(mod)) == ["to_nchw", "to_nchwc"]
+    compiled = _matches_onnxruntime(model)
+    assert compiled.plan.num_kernels == compiled.num_kernels
+
+
+def test_leading_block_slice_is_a_kernel_not_a_view():
+    """A slice of the first channel blocks maps flat index to flat index (TVM calls it a
+    reshape pattern), but it copies: the plan prices and counts it as a kernel, so the
+    plan's kernel count is the built one (it said 2 for 3 built)."""
+    compiled = _matches_onnxruntime(_sliced(16, conv_after=True))
+    assert compiled.plan.num_kernels == compiled.num_kernels

@@ -32,6 +32,7 @@ from tvm import relax, s_tir, te, tirx, topi
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
+_CONCAT = tvm.ir.Op.get("relax.concat")
 #: Elementwise ops moved into the blocked layout when their inputs are blocked (one
 #: output element per input element at the same index, so the layout does not matter).
 _UNARY = frozenset(
@@ -326,6 +327,11 @@ class _BlockedRewriter(relax.PyExprMutator):
                 else:
                     self._emit(binding, expr)
                 return None
+        if value.op.same_as(_CONCAT):
+            joined = self._blocked_concat(value)
+            if joined is not None:
+                self._emit_blocked(binding, joined)
+                return None
         if value.op.same_as(_STRIDED_SLICE):
             sliced = self._blocked_slice(value)
             if sliced is not None:
@@ -368,6 +374,20 @@ class _BlockedRewriter(relax.PyExprMutator):
             return None
         return relax.op.strided_slice(twin, axes=[1], begin=[start // b],
                                       end=[(start + taken) // b], assume_inbound=True)
+
+    def _blocked_concat(self, call: relax.Call) -> relax.Expr | None:
+        """A channel concat of blocked tensors as a concat of their blocks, when every
+        part is whole blocks (the branches of an inception block: ConvertLayout unblocks
+        them all to join them in NCHW when one branch reached it unblocked)."""
+        parts = call.args[0]
+        out = static_shape(call)
+        if not isinstance(parts, relax.Tuple) or out is None or len(out) != 4 \
+                or int(call.attrs.axis) % 4 != 1:
+            return None
+        twins = [self._twin(p) for p in parts.fields]
+        if any(t is None or (static_shape(t) or [0])[-1] != self.b for t in twins):
+            return None
+        return relax.op.concat(twins, axis=1)
 
     def _blocked_reduce(self, call: relax.Call) -> tuple[str, relax.Expr] | None:
         """A reduction over H and W of a blocked tensor, on its twin: ``("blocked", e)``
