@@ -174,6 +174,38 @@ def test_prediction_report_structure(quick):
     assert "mlp" in report.table()
 
 
+def test_models_report_over_named_models(quick, tmp_path):
+    """Any (name, model, feeds) triples: held-out rows marked, a failing model listed with
+    keep_going (raised without), the callback called after every model."""
+    from benchmarks import zoo
+    from fusion_tvm.calibration.report import models_report
+
+    runner = make_runner(quick.spec)
+    model = zoo.get_model("mlp", small=True)
+    missing = str(tmp_path / "missing.onnx")
+    with pytest.raises(Exception, match="missing"):
+        models_report([("gone", missing, {})], quick.spec, runner, quick.call_s)
+    seen = []
+    report = models_report(
+        [("tiny", model, zoo.example_inputs(model)), ("gone", missing, {})], quick.spec,
+        runner, quick.call_s, rounds=2, held_out={"tiny"}, keep_going=True,
+        on_model=lambda r: seen.append((len(r.models), len(r.failed))))
+    assert seen == [(1, 0), (1, 1)]
+    assert "missing" in report.failed["gone"]
+    (row,) = report.models
+    assert row.model == "tiny" and row.held_out and row.kernels >= 1
+    assert row.predicted_ratio == pytest.approx(row.predicted_s / row.measured_s)
+    s = report.summary()
+    assert (s["models"], s["failed"], s["speedup_compared"], s["held_out_compared"]) == \
+        (1, 1, 1, 1)
+    assert s["speedup_within_tolerance"] == int(row.speedup_error <= s["speedup_tolerance"])
+    d = report.to_json()
+    assert d["models"][0]["held_out"] is True and d["models"][0]["predicted_over_measured"] > 0
+    assert set(d["failed"]) == {"gone"}
+    table = report.table()
+    assert "tiny*" in table and "gone" in table and "within 15% of measured: " in table
+
+
 # ------------------------------------------------------------ the model uses what is calibrated
 def _elementwise_graph(rows: int, cols: int, transcendental: bool = False):
     """A one-op graph: ``x + 1`` (or ``tanh(x)``) on a ``rows x cols`` tensor."""

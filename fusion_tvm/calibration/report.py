@@ -4,7 +4,8 @@ For each model: every kernel of the plan (our partition) is timed alone (its sch
 PrimFunc built as a module of its own, random inputs) and set against the plan's
 per-group prediction; the whole model is timed with our partition and with FuseOps's (same
 schedules, same spec), interleaved, and the measured speedup is set against the plan's
-predicted one.
+predicted one. :func:`models_report` does this over any (name, ONNX model, feeds) triples
+(the real-model benchmark's, say); :func:`zoo_report` over zoo models by name.
 
 Per-kernel comparison. A prediction includes the Relax VM's per-kernel overhead
 (``hw.launch_overhead_s``); a kernel timed alone carries a direct call instead
@@ -17,13 +18,17 @@ reported as well, so that the overhead cannot hide a poor body prediction.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ._timing import Runner
 from .kernels import plan_kernels, time_kernel
+
+# A model's speedup over FuseOps counts as predicted when within this share of the measured one.
+SPEEDUP_TOLERANCE = 0.15
 
 
 # ------------------------------------------------------------------------------- metrics
@@ -100,6 +105,17 @@ class ModelRow:
     spearman: float
     median_ape: float
     skipped: list[str] = field(default_factory=list)
+    held_out: bool = False  # kept out of tuning (the real-model benchmark's Spec.held_out)
+
+    @property
+    def predicted_ratio(self) -> float | None:
+        """``predicted_s / measured_s`` of the whole model (our plan)."""
+        return self.predicted_s / self.measured_s if self.measured_s else None
+
+    @property
+    def speedup_predicted(self) -> bool | None:
+        """Predicted speedup within :data:`SPEEDUP_TOLERANCE` of the measured one."""
+        return None if self.speedup_error is None else self.speedup_error <= SPEEDUP_TOLERANCE
 
 
 @dataclass
@@ -109,13 +125,18 @@ class PredictionReport:
     parallel_overhead_s: float = 0.0
     kernels: list[KernelRow] = field(default_factory=list)
     models: list[ModelRow] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # model -> why it has no row
 
     # ---------------------------------------------------------------- summary
     def summary(self) -> dict:
         """Pooled per-kernel figures over every model, and the end-to-end errors."""
         k = self.kernels
         errs = [m.speedup_error for m in self.models if m.speedup_error is not None]
+        held = [m for m in self.models if m.held_out and m.speedup_error is not None]
+        ratios = [m.predicted_ratio for m in self.models if m.predicted_ratio]
         return {
+            "models": len(self.models),
+            "failed": len(self.failed),
             "kernels": len(k),
             "spearman": spearman([r.predicted_s for r in k], [r.measured_in_vm_s for r in k]),
             "median_ape": median_ape([r.predicted_s for r in k],
@@ -128,6 +149,12 @@ class PredictionReport:
             "median_ape_raw": median_ape([r.predicted_s for r in k], [r.measured_s for r in k]),
             "median_speedup_error": float(np.median(errs)) if errs else float("nan"),
             "max_speedup_error": float(np.max(errs)) if errs else float("nan"),
+            "speedup_tolerance": SPEEDUP_TOLERANCE,
+            "speedup_compared": len(errs),
+            "speedup_within_tolerance": sum(e <= SPEEDUP_TOLERANCE for e in errs),
+            "held_out_compared": len(held),
+            "held_out_within_tolerance": sum(bool(m.speedup_predicted) for m in held),
+            "median_total_ratio": float(np.median(ratios)) if ratios else float("nan"),
             "regions_predicted_right": float(np.mean([r.regions == r.predicted_regions
                                                       for r in k])) if k else float("nan"),
         }
@@ -157,28 +184,36 @@ class PredictionReport:
             "parallel_overhead_s": self.parallel_overhead_s,
             "summary": self.summary(),
             "by_category": self.by_category(),
-            "models": [asdict(m) for m in self.models],
+            "models": [{**asdict(m), "predicted_over_measured": m.predicted_ratio}
+                       for m in self.models],
+            "failed": dict(self.failed),
             "kernels": [asdict(k) for k in self.kernels],
         }
 
     def table(self) -> str:
-        """Per-model lines and the pooled summary."""
+        """Per-model lines (``*``: held out) and the pooled summary."""
+        def f(v, fmt):
+            width = int(fmt.split(".")[0])
+            return format(v, fmt) if v is not None and math.isfinite(v) else "-".rjust(width)
+
+        w = max([16, *(len(m.model) + 1 for m in self.models)])
         lines = [
-            f"{'model':<16} {'kern':>4} {'rho':>6} {'MdAPE':>6} | {'pred ms':>8} {'meas ms':>8} "
-            f"| {'FO pred':>8} {'FO meas':>8} | {'pred x':>6} {'meas x':>6} {'err':>6}",
+            f"{'model':<{w}} {'kern':>4} {'rho':>6} {'MdAPE':>6} | {'pred ms':>8} {'meas ms':>8} "
+            f"{'p/m':>5} | {'FO pred':>8} {'FO meas':>8} | {'pred x':>6} {'meas x':>6} "
+            f"{'err':>6}",
         ]
         for m in self.models:
-            def f(v, fmt):
-                return format(v, fmt) if v is not None and math.isfinite(v) else "-"
             lines.append(
-                f"{m.model:<16} {m.kernels:>4} {f(m.spearman, '6.3f')} "
-                f"{f(100 * m.median_ape, '5.1f')}% | {m.predicted_s * 1e3:8.3f} "
-                f"{m.measured_s * 1e3:8.3f} | "
+                f"{m.model + ('*' if m.held_out else ''):<{w}} {m.kernels:>4} "
+                f"{f(m.spearman, '6.3f')} {f(100 * m.median_ape, '5.1f')}% | "
+                f"{m.predicted_s * 1e3:8.3f} {m.measured_s * 1e3:8.3f} "
+                f"{f(m.predicted_ratio, '5.2f')} | "
                 f"{f(m.predicted_fuseops_s and m.predicted_fuseops_s * 1e3, '8.3f')} "
                 f"{f(m.measured_fuseops_s and m.measured_fuseops_s * 1e3, '8.3f')} | "
                 f"{f(m.predicted_speedup, '6.3f')} {f(m.measured_speedup, '6.3f')} "
                 f"{f(m.speedup_error and 100 * m.speedup_error, '5.1f')}%"
             )
+        lines.extend(f"{name:<{w}} failed: {why}" for name, why in self.failed.items())
         s = self.summary()
         lines += [
             "",
@@ -189,6 +224,12 @@ class PredictionReport:
             f"{s['spearman_raw']:.3f}, median abs error {100 * s['median_ape_raw']:.1f}%",
             f"end-to-end speedup over FuseOps: median error {100 * s['median_speedup_error']:.1f}%"
             f", max {100 * s['max_speedup_error']:.1f}%",
+            f"predicted speedup within {100 * SPEEDUP_TOLERANCE:.0f}% of measured: "
+            f"{s['speedup_within_tolerance']}/{s['speedup_compared']} models"
+            + (f" ({s['held_out_within_tolerance']}/{s['held_out_compared']} held out)"
+               if s["held_out_compared"] else "")
+            + f"; Spearman over all {s['kernels']} kernels {s['spearman']:.3f}; median "
+            f"predicted/measured total {s['median_total_ratio']:.2f}",
         ]
         lines.append(f"parallel regions predicted right for "
                      f"{100 * s['regions_predicted_right']:.0f}% of the kernels "
@@ -201,12 +242,6 @@ class PredictionReport:
 
 
 # ----------------------------------------------------------------------------- measure
-def _time_model(runner: Runner, cm, feeds, rounds: int) -> list[float]:
-    args = [runner.tensor(np.ascontiguousarray(feeds[n])) for n in cm.input_names]
-    vm = runner.vm(cm.executable)
-    return [runner.time_vm(vm, args, repeat=3) for _ in range(rounds)]
-
-
 def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
                  rounds: int = 15, log: Callable[[str], None] | None = None
                  ) -> tuple[ModelRow, list[KernelRow]]:
@@ -269,20 +304,78 @@ def model_report(name: str, model, feeds, hw, runner: Runner, call_s: float,
     return row, rows
 
 
+def _why(err: BaseException) -> str:
+    """The error's type and the first line of its message (TVM's run to pages)."""
+    first = str(err).strip().splitlines()[:1]
+    return f"{type(err).__name__}: {first[0][:200]}" if first else type(err).__name__
+
+
+def models_report(items: Iterable[tuple[str, Any, Mapping[str, np.ndarray]]], hw,
+                  runner: Runner, call_s: float, rounds: int = 15,
+                  log: Callable[[str], None] | None = None, held_out: Collection[str] = (),
+                  keep_going: bool = False,
+                  on_model: Callable[[PredictionReport], None] | None = None
+                  ) -> PredictionReport:
+    """The report over ``(name, model, feeds)`` triples (see :func:`model_report`).
+
+    Parameters
+    ----------
+    items : iterable of (str, onnx.ModelProto or path, dict)
+        Each model with its name and its inputs by name; taken one at a time (a generator
+        keeps one model in memory).
+    hw : str or HardwareSpec
+        The spec every model is compiled and predicted with.
+    runner : Runner
+        Times the kernels and the whole models.
+    call_s : float
+        Seconds of a direct call (``micro.measure_call``).
+    rounds : int
+        Interleaved whole-model rounds per model.
+    log : callable, optional
+        Progress lines.
+    held_out : collection of str
+        Names of the models kept out of tuning (marked in the rows).
+    keep_going : bool
+        A model that fails (compile, build or run) goes to ``report.failed`` and the next
+        one is taken; else the error propagates.
+    on_model : callable, optional
+        Called with the report after every model (to save what is measured so far).
+
+    Returns
+    -------
+    PredictionReport
+    """
+    from ..presets import get_hardware
+
+    spec = get_hardware(hw)
+    report = PredictionReport(spec.to_json(), call_s, spec.parallel_overhead_s)
+    for name, model, feeds in items:
+        try:
+            row, rows = model_report(name, model, feeds, spec, runner, call_s, rounds, log)
+        except Exception as err:  # noqa: BLE001 - one failing model is reported, not fatal
+            if not keep_going:
+                raise
+            report.failed[name] = _why(err)
+            if log is not None:
+                log(f"{name}: failed: {report.failed[name]}")
+        else:
+            row.held_out = name in held_out
+            report.models.append(row)
+            report.kernels.extend(rows)
+        if on_model is not None:
+            on_model(report)
+    return report
+
+
 def zoo_report(models: Sequence[str], hw, runner: Runner, call_s: float, small: bool = True,
                rounds: int = 15, log: Callable[[str], None] | None = None
                ) -> PredictionReport:
     """The report over zoo models (``benchmarks.zoo`` must be importable)."""
     from benchmarks import zoo
 
-    from ..presets import get_hardware
+    def items():
+        for name in models:
+            model = zoo.get_model(name, small=small)
+            yield name, model, zoo.example_inputs(model)
 
-    spec = get_hardware(hw)
-    report = PredictionReport(spec.to_json(), call_s, spec.parallel_overhead_s)
-    for name in models:
-        model = zoo.get_model(name, small=small)
-        feeds = zoo.example_inputs(model)
-        row, rows = model_report(name, model, feeds, spec, runner, call_s, rounds, log)
-        report.models.append(row)
-        report.kernels.extend(rows)
-    return report
+    return models_report(items(), hw, runner, call_s, rounds=rounds, log=log)
