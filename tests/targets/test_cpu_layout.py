@@ -404,3 +404,29 @@ def test_leading_block_slice_is_a_kernel_not_a_view():
     plan's kernel count is the built one (it said 2 for 3 built)."""
     compiled = _matches_onnxruntime(_sliced(16, conv_after=True))
     assert compiled.plan.num_kernels == compiled.num_kernels
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsampling_stays_blocked(mode):
+    """An FPN top-down step (upsample x2 of the coarse level, add the lateral 1x1 conv, a
+    3x3 conv) resizes the blocked tensor: no unblock before the resize and no re-block after
+    it (torchvision's ResNet-18 FPN: 12 layout changes a run -> 6, the outputs' own)."""
+    from benchmarks.zoo.builder import GraphBuilder
+    from fusion_tvm.frontend import load_model
+
+    g = GraphBuilder("fpn")
+    x = g.relu(g.conv(g.add_input("x", [1, 8, 12, 12]), 8, 16, 3, bias=True))
+    coarse = g.relu(g.conv(x, 16, 16, 3, stride=2, bias=True))
+    scales = g.const([1.0, 1.0, 2.0, 2.0], "scales")
+    attrs = {"mode": mode, "coordinate_transformation_mode":
+             "asymmetric" if mode == "nearest" else "half_pixel"}
+    if mode == "nearest":
+        attrs["nearest_mode"] = "floor"
+    up = g.op("Resize", [coarse, "", scales], **attrs)
+    y = g.op("Add", [up, g.conv(x, 16, 16, 1, bias=True)])
+    g.add_output(g.conv(y, 16, 16, 3, bias=True))
+    model = g.build()
+    mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
+    assert sorted(k for k, _ in _layout_changes(mod)) == ["to_nchw", "to_nchwc"]
+    assert 'layout="NCHW8c"' in mod["main"].script(show_meta=False)
+    _matches_onnxruntime(model)

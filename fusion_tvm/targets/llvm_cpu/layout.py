@@ -33,6 +33,7 @@ _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 _CONCAT = tvm.ir.Op.get("relax.concat")
+_RESIZE2D = tvm.ir.Op.get("relax.image.resize2d")
 #: Elementwise ops moved into the blocked layout when their inputs are blocked (one
 #: output element per input element at the same index, so the layout does not matter).
 _UNARY = frozenset(
@@ -288,66 +289,85 @@ class _BlockedRewriter(relax.PyExprMutator):
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             return super().visit_var_binding_(binding)
         args = [self.visit_expr(a) for a in value.args]
-        if value.op.same_as(_LAYOUT_TRANSFORM) and value.attrs.pad_value is None:
-            twin = self._twin(value.args[0])
-            if twin is not None and _is_map(value, self.block_map):
-                self._emit(binding, twin)  # block(unblock(x)) == x
-                return None
-            if _is_map(value, self.unblock_map) and len(static_shape(value.args[0]) or ()) == 5:
-                self._emit(binding, self._unblock(args[0]))
-                self.blocked[binding.var] = args[0]
-                return None
-            if _is_map(value, self.block_map) and len(static_shape(value.args[0]) or ()) == 4 \
-                    and not isinstance(args[0], tvm.ir.expr.Constant):
-                self._emit(binding, self._block(args[0]))
-                return None
-        if value.op.same_as(_CONV2D):
-            lowered = self._conv(value, args)
-            if lowered is not None:
-                kind, expr = lowered
-                if kind == "blocked":
-                    self._emit_blocked(binding, expr)
-                else:
-                    self._emit(binding, expr)
-                return None
-        if value.op in _POOL and value.attrs.layout == "NCHW" and value.attrs.out_layout == "NCHW":
-            twin = self._twin(value.args[0])
-            if twin is not None:  # pooled in the blocked layout: no unblock / block around it
-                a = value.attrs
-                self._emit_blocked(binding, _POOL[value.op](
-                    twin, a.pool_size, a.strides, a.padding, a.dilation, bool(a.ceil_mode),
-                    bool(a.count_include_pad), layout=f"NCHW{self.b}c"))
-                return None
-        if value.op in _SPATIAL_REDUCE:
-            reduced = self._blocked_reduce(value)
-            if reduced is not None:
-                kind, expr = reduced
-                if kind == "blocked":
-                    self._emit_blocked(binding, expr)
-                else:
-                    self._emit(binding, expr)
-                return None
-        if value.op.same_as(_CONCAT):
-            joined = self._blocked_concat(value)
-            if joined is not None:
-                self._emit_blocked(binding, joined)
-                return None
-        if value.op.same_as(_STRIDED_SLICE):
-            sliced = self._blocked_slice(value)
-            if sliced is not None:
-                self._emit_blocked(binding, sliced)
-                return None
-        if value.op in _UNARY and len(args) >= 1:
+        if value.op.same_as(_LAYOUT_TRANSFORM) and value.attrs.pad_value is None \
+                and self._transform(binding, value, args):
+            return None
+        lowered = self._lower(value, args)
+        if lowered is None:
+            return super().visit_var_binding_(binding)
+        kind, expr = lowered
+        if kind == "blocked":
+            self._emit_blocked(binding, expr)
+        else:
+            self._emit(binding, expr)
+        return None
+
+    def _transform(self, binding: relax.VarBinding, value: relax.Call, args) -> bool:
+        """Activation layout transforms: block(unblock(x)) is x, the rest as TE calls."""
+        twin = self._twin(value.args[0])
+        if twin is not None and _is_map(value, self.block_map):
+            self._emit(binding, twin)  # block(unblock(x)) == x
+            return True
+        if _is_map(value, self.unblock_map) and len(static_shape(value.args[0]) or ()) == 5:
+            self._emit(binding, self._unblock(args[0]))
+            self.blocked[binding.var] = args[0]
+            return True
+        if _is_map(value, self.block_map) and len(static_shape(value.args[0]) or ()) == 4 \
+                and not isinstance(args[0], tvm.ir.expr.Constant):
+            self._emit(binding, self._block(args[0]))
+            return True
+        return False
+
+    def _lower(self, value: relax.Call, args) -> tuple[str, relax.Expr] | None:
+        """``("blocked", e)``: ``e`` computes the blocked twin of ``value``; ``("plain",
+        e)``: ``e`` computes ``value`` itself; None: ``value`` stays as it is."""
+        op = value.op
+        if op.same_as(_CONV2D):
+            return self._conv(value, args)
+        if op in _SPATIAL_REDUCE:
+            return self._blocked_reduce(value)
+        blocked = None
+        if op in _POOL and value.attrs.layout == "NCHW" and value.attrs.out_layout == "NCHW":
+            blocked = self._blocked_pool(value)
+        elif op.same_as(_RESIZE2D) and value.attrs.layout == "NCHW":
+            blocked = self._blocked_resize(value, args)
+        elif op.same_as(_CONCAT):
+            blocked = self._blocked_concat(value)
+        elif op.same_as(_STRIDED_SLICE):
+            blocked = self._blocked_slice(value)
+        elif op in _UNARY and len(args) >= 1:
             twin = self._twin(value.args[0])
             if twin is not None:
-                self._emit_blocked(binding, relax.Call(value.op, [twin, *args[1:]], value.attrs))
-                return None
-        if value.op in _BINARY and len(args) == 2:
+                blocked = relax.Call(op, [twin, *args[1:]], value.attrs)
+        elif op in _BINARY and len(args) == 2:
             operands = self._blocked_operands(value, args)
             if operands is not None:
-                self._emit_blocked(binding, relax.Call(value.op, operands, value.attrs))
-                return None
-        return super().visit_var_binding_(binding)
+                blocked = relax.Call(op, operands, value.attrs)
+        return None if blocked is None else ("blocked", blocked)
+
+    def _blocked_pool(self, call: relax.Call) -> relax.Expr | None:
+        """Pooling of a blocked tensor on its twin: no unblock / block around it."""
+        twin = self._twin(call.args[0])
+        if twin is None:
+            return None
+        a = call.attrs
+        return _POOL[call.op](twin, a.pool_size, a.strides, a.padding, a.dilation,
+                              bool(a.ceil_mode), bool(a.count_include_pad),
+                              layout=f"NCHW{self.b}c")
+
+    def _blocked_resize(self, call: relax.Call, args) -> relax.Expr | None:
+        """Per-channel interpolation (nearest / bilinear upsampling of an FPN or a
+        segmentation head) on the twin: topi resizes ``NCHW[b]c`` the same way."""
+        twin = self._twin(call.args[0])
+        if twin is None or (static_shape(twin) or [0])[-1] != self.b:
+            return None
+        a = call.attrs
+        return relax.op.image.resize2d(
+            twin, args[1], roi=tuple(float(r) for r in a.roi), layout=f"NCHW{self.b}c",
+            method=a.method, coordinate_transformation_mode=a.coordinate_transformation_mode,
+            rounding_method=a.rounding_method, cubic_alpha=a.cubic_alpha,
+            cubic_exclude=a.cubic_exclude, extrapolation_value=a.extrapolation_value,
+            out_dtype=a.out_dtype if a.out_dtype else None)
 
     def _blocked_slice(self, call: relax.Call) -> relax.Expr | None:
         """A channel slice of a blocked tensor as a slice of its channel blocks, when it
