@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cached_property, reduce
 
 import tvm
 from tvm import relax, tirx
@@ -128,6 +128,15 @@ class FusionGraph:
     def nbytes(self, tensor_id: int) -> float:
         """Bytes of a tensor at the graph's dims."""
         return self.tensors[tensor_id].nbytes(self.dims)
+
+    @cached_property
+    def cold_bytes(self) -> float:
+        """Bytes of the tensors no node of the block produces (weights, constants, inputs).
+
+        One run reads them all before it reads any of them again: a kernel finds one in the
+        level that holds them all, not in the level its own size fits.
+        """
+        return sum(self.nbytes(t.id) for t in self.tensors if t.producer is None)
 
     def with_dims(self, dims: Mapping[str, int]) -> FusionGraph:
         """The same graph evaluated at other symbolic dims."""

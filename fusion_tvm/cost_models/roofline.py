@@ -397,9 +397,13 @@ class RooflineCostModel(CostModel):
         in_sizes = {t: graph.nbytes(t) * touched[t] for t in ext_inputs}
         in_bytes = sum(in_sizes.values())
         out_bytes = sum(graph.nbytes(t) for t in published)
-        # A partly read input streams from the level that holds the part read.
-        memory_s = sum(b / self.bandwidth_for(b if touched[t] < 1.0 else graph.nbytes(t))
-                       for t, b in in_sizes.items())
+        # A partly read input streams from the level that holds the part read; one no node
+        # of the block produces (a weight, a model input) was last touched a whole run ago.
+        held = {t: max(b if touched[t] < 1.0 else graph.nbytes(t),
+                       graph.cold_bytes if graph.tensors[t].producer is None else 0.0)
+                for t, b in in_sizes.items()}
+        in_bw = {t: self.bandwidth_for(held[t]) for t in in_sizes}
+        memory_s = sum(b / in_bw[t] for t, b in in_sizes.items())
         memory_s += sum(graph.nbytes(t) / self.bandwidth_for(graph.nbytes(t)) for t in published)
         inner_bw = hw.memory[0].bandwidth_bytes_per_s if len(hw.memory) > 1 else \
             hw.dram.bandwidth_bytes_per_s
@@ -425,7 +429,7 @@ class RooflineCostModel(CostModel):
         time_s = launch_s + max(compute_s, memory_s) / eff + internal_s
         bound = "compute" if compute_s >= memory_s else "memory"
         dram_bw = hw.dram.bandwidth_bytes_per_s
-        dram = sum(b for t, b in in_sizes.items() if self.bandwidth_for(graph.nbytes(t)) == dram_bw)
+        dram = sum(b for t, b in in_sizes.items() if in_bw[t] == dram_bw)
         dram += sum(graph.nbytes(t) for t in published
                     if self.bandwidth_for(graph.nbytes(t)) == dram_bw)
         return Cost(
