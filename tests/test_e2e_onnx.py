@@ -296,3 +296,25 @@ def test_bind_runs_as_run_does():
     name = cm.input_names[0]
     with pytest.raises(InputMismatchError):
         cm.bind({**feeds, name: feeds[name][..., :1]})
+
+
+def test_weights_larger_than_the_last_cache_are_read_from_dram():
+    """Three 2048 x 2048 layers hold 48 MiB of weights, more than the frozen spec's 32 MiB
+    L3: each layer's weight comes from DRAM once per run although one alone would fit the
+    L3 (every group booked 0 bytes of DRAM traffic before)."""
+    from benchmarks.zoo.builder import GraphBuilder
+    from fusion_tvm.frontend import load_model
+    from fusion_tvm.pipeline import prepare_passes
+
+    g = GraphBuilder("mlp")
+    x = g.add_input("x", [1, 2048])
+    for i in range(3):
+        x = g.relu(g.op("MatMul", [x, g.normal((2048, 2048), 0.02, f"w{i}")]))
+    g.add_output(x)
+    mod = load_model(g.build()).mod
+    fuse = fusion_tvm.FuseByCostModel("roofline", hw="ci-x86-avx2")
+    import tvm
+
+    tvm.transform.Sequential([*prepare_passes(), fuse])(mod)
+    weights = 3 * 2048 * 2048 * 4
+    assert sum(gr.dram_bytes for gr in fuse.plan.groups) >= weights
