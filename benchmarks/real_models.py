@@ -42,6 +42,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, this folder leads sys.path and its kernels.py shadows the `kernels`
+# package transformers imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -457,6 +460,8 @@ def parse_args(argv=None):
     ap.add_argument("--hw", default=None, help="fusion_tvm hardware preset for ours/fuseops")
     ap.add_argument("--rtol", type=float, default=1e-3)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--onnx-dir", type=Path, default=OUT / "onnx",
+                    help="where exports are cached (default: benchmarks/results/real_models/onnx)")
     args = ap.parse_args(argv)
     if args.threads is None:
         args.threads = 1 if args.quick else len(os.sched_getaffinity(0))
@@ -482,7 +487,7 @@ def select(specs: dict[str, Spec], args) -> list[str]:
 def bench_one(name: str, spec: Spec, args) -> dict:
     row = {"model": name, "family": spec.family, "held_out": spec.held_out}
     try:
-        model, feeds = export(name, spec, args.out / "onnx")
+        model, feeds = export(name, spec, args.onnx_dir)
     except ImportError as e:
         row["error"] = f"skipped: {e}"
         row["contenders"] = {}

@@ -430,3 +430,21 @@ def test_upsampling_stays_blocked(mode):
     assert sorted(k for k, _ in _layout_changes(mod)) == ["to_nchw", "to_nchwc"]
     assert 'layout="NCHW8c"' in mod["main"].script(show_meta=False)
     _matches_onnxruntime(model)
+
+
+def test_conv_the_row_kernel_cannot_take_gets_a_half_width_block():
+    """116 channels at 14 x 14 (ShuffleNetV2's stage 3): neither the NCHW row kernel (rows
+    not a multiple of 4 wide) nor the channel-vector one (116 % 8) takes it, and the plain
+    window nest ran at 5 GFLOP/s; a block of 4 channels keeps it on the blocked kernel."""
+    from benchmarks.zoo.builder import GraphBuilder
+
+    g = GraphBuilder("narrow")
+    x = g.relu(g.conv(g.add_input("x", [1, 64, 14, 14]), 64, 64, 3, bias=True))  # b = 8
+    x = g.relu(g.conv(x, 64, 116, 1, bias=True))
+    g.add_output(g.relu(g.conv(x, 116, 116, 1, bias=True)))
+    model = g.build()
+    from fusion_tvm.frontend import load_model
+
+    assert choose_block(load_model(model).mod, 8) == 8
+    rules = _rules(_matches_onnxruntime(model))
+    assert rules["conv2d_nchwc"] == 3 and rules["reduction"] == 0

@@ -510,14 +510,18 @@ class _BlockedRewriter(relax.PyExprMutator):
         the same way; a block narrower than ``b`` is unblocked after the conv (NCHW for its
         consumers)."""
         twin = self._twin(call.args[0])
+        out = static_shape(call)
+        narrowest = MIN_MIXED_BLOCK if out is None or not isinstance(out[3], int) \
+            or out[3] % 4 == 0 or cout % self.b == 0 else MIN_WINDOW_BLOCK
         if twin is not None and cin % self.b == 0:
             data, bi = twin, self.b
         else:
-            bi = cin if cin < self.b and cout % self.b == 0 else channel_block(cin, self.b)
+            bi = cin if cin < self.b and cout % self.b == 0 \
+                else channel_block(cin, self.b, narrowest)
             if bi is None:
                 return None
             data = self.builder_.emit(self._block(args[0], bi), name_hint="data_nchwc")
-        bo = channel_block(cout, self.b)
+        bo = channel_block(cout, self.b, narrowest)
         if bo is None:
             return None
         packed = tirx.IndexMap.from_func(
@@ -549,12 +553,18 @@ def _ints(values: relax.Expr) -> list[int] | None:
 MIN_MIXED_BLOCK = 8
 
 
-def channel_block(channels: int, block: int) -> int | None:
-    """The largest power of two in ``[MIN_MIXED_BLOCK, block]`` dividing ``channels``: the
+#: Narrowest block of a conv whose NCHW kernel would be the plain window nest (output rows
+#: not a multiple of 4 wide and channels not of the SIMD lanes: ShuffleNetV2's 116-channel
+#: 14x14 convs ran at 5 GFLOP/s there); a half-width vector still beats it.
+MIN_WINDOW_BLOCK = 4
+
+
+def channel_block(channels: int, block: int, narrowest: int = MIN_MIXED_BLOCK) -> int | None:
+    """The largest power of two in ``[narrowest, block]`` dividing ``channels``: the
     channel block of a conv's output under the network block ``block`` (None: the conv
     stays NCHW)."""
     b = block
-    while b >= MIN_MIXED_BLOCK:
+    while b >= narrowest:
         if channels % b == 0:
             return b
         b //= 2
