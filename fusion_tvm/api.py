@@ -23,6 +23,7 @@ from .search import SearchConfig
 from .shape_hints import check_names, sample_values
 from .threads import use_all_cores
 from .tuning_db import TuningDatabase
+from .verify import check_verify, measure_uncertain
 
 if TYPE_CHECKING:
     from .profile import ModelProfile
@@ -247,6 +248,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     search: SearchConfig | None = None,
     specialize: Mapping[str, Sequence[int]] | None = None,
     tuning_db: str | os.PathLike | TuningDatabase | None = None,
+    verify: str | None = None,
 ) -> CompiledModel:
     """Compile a model with cost-model-driven fusion.
 
@@ -279,13 +281,21 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         generic dynamic build.
     tuning_db : str, os.PathLike or TuningDatabase, optional
         Knob values measured by :func:`fusion_tvm.tune`: recorded kernels are scheduled
-        with them (the default path needs none).
+        with them (the default path needs none). With ``verify``, measured block decisions
+        are read from it and written to it (a missing file is created).
+    verify : {None, "measure"}
+        None (default): the cost model decides alone. ``"measure"``: where a block's kept
+        partition is predicted within the model's error band of the runner-up
+        (:data:`fusion_tvm.verify.VERIFY_BAND`), build both and keep the one measured
+        faster on the device (``plan.verified``); see :mod:`fusion_tvm.verify`. Needs
+        ``fusion="cost"`` and a target that runs here (llvm, or cuda with a GPU).
 
     Returns
     -------
     CompiledModel
     """
     start = time.perf_counter()
+    verify = check_verify(verify)
     if hasattr(model, "forward") and hasattr(model, "parameters"):
         if example_inputs is None:
             raise UserInputError("a torch.nn.Module needs example_inputs")
@@ -296,16 +306,29 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         check_names(shape_hints, set(default_dims(loaded.mod)))
         for value in shape_hints.values():
             sample_values(value)
-    database = TuningDatabase.of(tuning_db)
+    if verify is not None and fusion_mode(fusion) is not FusionMode.COST:
+        raise UserInputError(f"verify={verify!r} settles the cost model's decisions: it needs "
+                             f"fusion='cost', not {fusion!r}")
+    database = TuningDatabase.of(tuning_db, create=verify is not None)
     resolved = resolve(target, hw)
-    result = run_phases(loaded.mod, resolved, fusion=fusion_mode(fusion), schedule=schedule,
-                        cost_model=cost_model, shape_hints=shape_hints, config=search,
-                        database=database)
+
+    def phases(config: SearchConfig | None, prepared: tvm.IRModule | None = None):
+        return run_phases(loaded.mod, resolved, fusion=fusion_mode(fusion), schedule=schedule,
+                          cost_model=cost_model, shape_hints=shape_hints, config=config,
+                          database=database, prepared=prepared)
+
+    def build(phased):
+        return tvm.compile(phased.mod, target=phased.parts.target,
+                           relax_pipeline=phased.parts.lower)
+
+    result = phases(search)
+    if verify is not None:
+        result = measure_uncertain(result, phases, build, loaded, database, search)
     parts, mod, plan = result.parts, result.mod, result.plan
     custom = parts.backend.build_model(mod, loaded, parts, plan)
     if custom is not None:
         return custom
-    executable = tvm.compile(mod, target=parts.target, relax_pipeline=parts.lower)
+    executable = build(result)
     result = CompiledModel(
         executable, loaded, mod, plan, parts.target, parts.hw, parts.backend.device(),
         time.perf_counter() - start,
@@ -314,7 +337,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         result.variants = _specialized_variants(
             model, loaded, specialize, dict(target=target, hw=hw, fusion=fusion,
                                             schedule=schedule, cost_model=cost_model,
-                                            search=search, tuning_db=database)
+                                            search=search, tuning_db=database, verify=verify)
         )
         result.compile_time_s = time.perf_counter() - start
     return result

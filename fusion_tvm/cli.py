@@ -242,7 +242,15 @@ def cmd_plan(args, progress: Progress) -> int:
         _check_out_dir(args.html)
     loaded = _load(args.model, progress)
     check_hints(hints, loaded)
-    plan = search_plan(loaded, args.target, args.hw, cost_hints(hints), progress)
+    if args.verify:
+        import fusion_tvm
+
+        with progress.step(f"searching, building and timing uncertain blocks ({args.verify})"):
+            plan = fusion_tvm.compile(loaded.mod, target=args.target, hw=args.hw,
+                                      shape_hints=cost_hints(hints), verify=args.verify,
+                                      tuning_db=args.tuning_db).plan
+    else:
+        plan = search_plan(loaded, args.target, args.hw, cost_hints(hints), progress)
     if args.html:
         from .report import render_html
 
@@ -274,13 +282,18 @@ def cmd_plan(args, progress: Progress) -> int:
 
 
 def _check_target_hw(args) -> None:
-    """Resolve --target / --hw before the (slow) import so their errors come first."""
+    """Resolve --target / --hw (and --verify) before the (slow) import so their errors come
+    first."""
     from .presets import get_hardware
     from .targets.base import get_backend
 
     get_backend(args.target)
     if args.hw is not None:
         get_hardware(args.hw)
+    if getattr(args, "verify", None) is not None:
+        from .verify import check_verify
+
+        check_verify(args.verify)
 
 
 def companion_json(artifact: str | os.PathLike) -> Path:
@@ -319,7 +332,7 @@ def cmd_compile(args, progress: Progress) -> int:
         hinted = cost_hints(hints)
     with progress.step("searching, scheduling and building"):
         cm = fusion_tvm.compile(model, target=args.target, hw=args.hw, shape_hints=hinted,
-                                tuning_db=args.tuning_db, **extra)
+                                tuning_db=args.tuning_db, verify=args.verify, **extra)
     with progress.step(f"exporting {out}"):
         cm.export(str(out))
     meta = _plan_json(cm.plan, loaded, args.model, hints) if cm.plan is not None else {
@@ -336,12 +349,19 @@ def cmd_compile(args, progress: Progress) -> int:
     if cm.plan is not None:
         summary["predicted_time_s"] = cm.plan.predicted_time_s
         summary["predicted_speedup_vs_fuseops"] = cm.plan.predicted_speedup
+        if cm.plan.verified is not None:
+            summary["verified"] = cm.plan.verified
     if args.json:
         _emit_json(summary)
     else:
         what = "project folder, " if out.is_dir() else ""
         print(f"wrote {out} ({what}{cm.num_kernels} kernels, compiled in "
               f"{cm.compile_time_s:.1f} s)")
+        if cm.plan is not None and cm.plan.verified:
+            from .plan import verified_line
+
+            for v in cm.plan.verified:
+                print(verified_line(v))
         print(f"wrote {plan_path}")
     return EXIT_OK
 
@@ -811,6 +831,16 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    help="value of a symbolic dim for the cost model (repeatable)")
 
 
+def _verify_options(p: argparse.ArgumentParser, tuning_db: bool = True) -> None:
+    p.add_argument("--verify", metavar="measure", default=None,
+                   help="measure: where the cost model's choice for a block is within its "
+                        "error band, build both candidates, time them here and keep the "
+                        "faster (a few seconds; cached in --tuning-db)")
+    if tuning_db:
+        p.add_argument("--tuning-db", metavar="DB.json", default=None,
+                       help="measured block decisions read and written with --verify")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``fusion-tvm``."""
     common = _common()
@@ -825,13 +855,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="OUT.html", help="write the interactive HTML report")
     p.add_argument("--why", action="store_true",
                    help="also say why each kernel boundary is there (explain() per boundary)")
+    _verify_options(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("compile", parents=[common], help="build a shared library (+ plan JSON)")
     _model_options(p)
     p.add_argument("-o", "--output", required=True, metavar="OUT.so")
     p.add_argument("--tuning-db", metavar="DB.json", default=None,
-                   help="knob values measured by 'tune' (optional)")
+                   help="knob values measured by 'tune' and measured block decisions "
+                        "(optional)")
+    _verify_options(p, tuning_db=False)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("tune", parents=[common],

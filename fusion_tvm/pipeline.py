@@ -258,12 +258,15 @@ class PhaseResult:
     plan : FusionPlan or None
         The cost-model plan of the partition in ``mod``, each group's ``scheduled_rule``
         recorded; None unless ``fusion="cost"``.
+    prepared : IRModule or None
+        Before fusion (the module the plan's block graphs were built from).
     """
 
     parts: PipelineParts
     fused: tvm.IRModule
     mod: tvm.IRModule
     plan: FusionPlan | None
+    prepared: tvm.IRModule | None = None
 
 
 def run_phases(
@@ -276,12 +279,15 @@ def run_phases(
     config: SearchConfig | None = None,
     database=None,
     feedback_rounds: int = FEEDBACK_ROUNDS,
+    prepared: tvm.IRModule | None = None,
 ) -> PhaseResult:
     """Prepare, fuse and schedule ``mod`` for ``resolved``: the one phase runner.
 
     With scheduling on, a fused group that only the fallback rule could schedule is
     forbidden and the search runs again (``feedback_rounds`` at most), so the plan is the
-    partition that is built. Arguments as :func:`make_pipeline`.
+    partition that is built. ``prepared``: the ``prepared`` module of an earlier result for
+    the same model, target and fusion kinds, fused again without preparing again (measured
+    decisions re-run the search only). Other arguments as :func:`make_pipeline`.
     """
 
     def make(cfg):
@@ -291,7 +297,7 @@ def run_phases(
     parts = make(config)
     catch_all = catch_all_names(parts.backend.schedule_rules(parts.hw))
     with parts.target:
-        prepared = parts.prepare(mod)
+        prepared = parts.prepare(mod) if prepared is None else prepared
         fused = parts.fuse(prepared)
         scheduled = parts.schedule(fused)
         cfg = config or SearchConfig()
@@ -307,7 +313,7 @@ def run_phases(
             scheduled = parts.schedule(fused)
     plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
     record_rules(scheduled, plan)
-    return PhaseResult(parts, fused, scheduled, plan)
+    return PhaseResult(parts, fused, scheduled, plan, prepared)
 
 
 def fallback_groups(mod: tvm.IRModule, plan: FusionPlan, catch_all: frozenset[str]

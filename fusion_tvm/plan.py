@@ -53,6 +53,13 @@ class BlockPlan:
     #: Which candidate the partition is: ``"search"``, ``"fuseops"`` or ``"unfused"``
     #: (see :func:`~fusion_tvm.search.choose_partition`).
     source: str = "search"
+    #: Predicted time of ``groups``.
+    predicted_time_s: float = 0.0
+    #: The best other candidate (its source, partition and predicted time); None when every
+    #: candidate is ``groups``.
+    alternative: str | None = None
+    alternative_groups: list[frozenset[int]] | None = None
+    alternative_time_s: float | None = None
 
 
 @dataclass
@@ -74,6 +81,10 @@ class FusionPlan:
     #: Blocks where a candidate other than the search's own partition was predicted faster
     #: and kept: function, block, source, its predicted time and the search's.
     fallbacks: list[dict] = field(default_factory=list)
+    #: Blocks decided by measurement (``compile(..., verify="measure")``; None: not asked):
+    #: function, block, the source kept and the alternative, both predicted and measured
+    #: times (seconds, by source), and whether the decision came from the tuning database.
+    verified: list[dict] | None = None
     notes: list[str] = field(default_factory=list)
     blocks: list[BlockPlan] = field(default_factory=list, repr=False)
     cost_model_obj: Any = field(default=None, repr=False)
@@ -125,6 +136,8 @@ class FusionPlan:
         """A JSON-ready summary (groups included, graphs left out)."""
         hidden = ("blocks", "cost_model_obj", "limits", "kinds")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
+        if self.verified is None:  # plans compiled without verify= read as they always did
+            del d["verified"]
         d["groups"] = [asdict(g) for g in self.groups]
         d["predicted_speedup"] = self.predicted_speedup
         return d
@@ -169,8 +182,21 @@ class FusionPlan:
                 f"({f['predicted_s'] * 1e3:.3f} ms predicted; the search's own "
                 f"{f['search_predicted_s'] * 1e3:.3f} ms)"
             )
+        lines.extend(verified_line(v) for v in self.verified or [])
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def verified_line(v: dict) -> str:
+    """One line of :meth:`FusionPlan.table` for a measured decision."""
+    kept, other = v["source"], v["alternative"]
+    meas, pred = v["measured_s"], v["predicted_s"]
+    how = "from the tuning database" if v.get("cached") else "timed now"
+    return (
+        f"block {v['function']}#{v['block']}: measured {kept} {meas[kept] * 1e3:.3f} ms vs "
+        f"{other} {meas[other] * 1e3:.3f} ms a run (predicted {pred[kept] * 1e3:.3f} vs "
+        f"{pred[other] * 1e3:.3f} ms): kept {kept} ({how})"
+    )
 
 
 def group_plan(

@@ -46,6 +46,8 @@ class SearchConfig:
         Which kinds of fusion are allowed (ablations switch some off).
     forbidden : tuple
         Feedback from scheduling: groups that only the fallback rule could schedule.
+    sources : tuple
+        Measured decisions: the candidate (see :func:`choose_partition`) kept per block.
     """
 
     exact_limit: int = 12
@@ -54,6 +56,9 @@ class SearchConfig:
     kinds: FusionKinds = field(default_factory=FusionKinds)
     #: (function, block index, node ids) of groups the target could not schedule.
     forbidden: tuple[tuple[str, int, frozenset[int]], ...] = ()
+    #: (function, block index, source) of blocks whose candidate was decided by measurement
+    #: (``compile(..., verify="measure")``): that candidate is kept whatever the model says.
+    sources: tuple[tuple[str, int, str], ...] = ()
 
 
 def _acceptable(graph, group, model, config: SearchConfig) -> FusionDecision:
@@ -382,17 +387,27 @@ class Choice:
     source : str
         ``"search"``; ``"fuseops"`` (FuseOps's partition, legal parts, merged further by
         the greedy search) or ``"unfused"`` when those are predicted faster than the
-        search's own result.
+        search's own result (or when a measured decision names them).
     time_s : float
         Its predicted time.
     search_time_s : float
         The search's own result's predicted time (equal to ``time_s`` when it won).
+    runner_up : str or None
+        The best other candidate whose partition differs from ``groups`` (None: every
+        candidate is that partition).
+    runner_up_groups : list of frozenset or None
+        Its partition.
+    runner_up_time_s : float or None
+        Its predicted time.
     """
 
     groups: list[frozenset[int]]
     source: str
     time_s: float
     search_time_s: float
+    runner_up: str | None = None
+    runner_up_groups: list[frozenset[int]] | None = None
+    runner_up_time_s: float | None = None
 
 
 def choose_partition(
@@ -400,6 +415,7 @@ def choose_partition(
     model: CostModel,
     config: SearchConfig | None = None,
     baseline: list[frozenset[int]] | None = None,
+    prefer: str | None = None,
 ) -> Choice:
     """The search's partition, unless another candidate is predicted faster.
 
@@ -407,21 +423,32 @@ def choose_partition(
     blocks better ones. The candidates it must beat under the same model are the unfused
     partition and, given ``baseline`` (FuseOps's partition), that partition's legal part
     merged further by the greedy search. Ties go to the search, so plans that already
-    beat both do not move.
+    beat both do not move. ``prefer`` names the candidate to keep instead (a measured
+    decision); a name that is not a candidate is ignored. The best other partition is
+    returned as the runner-up.
     """
     config = config or SearchConfig()
     groups = search_partition(graph, model, config)
     ours = model.estimate_plan(graph, groups)
     best = Choice(groups, "search", ours, ours)
+    scored = [best]
     candidates = [("unfused", singletons(graph))]
     if baseline is not None:
         start = legal_part(graph, baseline, model, config)
         candidates.insert(0, ("fuseops", greedy_partition(graph, model, config, start)))
     for source, cand in candidates:
         t = model.estimate_plan(graph, cand)
+        scored.append(Choice(sorted(cand, key=min), source, t, ours))
         if round(t, 12) < round(best.time_s, 12):
-            best = Choice(sorted(cand, key=min), source, t, ours)
-    return best
+            best = scored[-1]
+    best = next((c for c in scored if c.source == prefer), best)
+    kept = set(best.groups)
+    others = [c for c in scored if set(c.groups) != kept]
+    if not others:
+        return best
+    second = min(others, key=lambda c: round(c.time_s, 12))
+    return Choice(best.groups, best.source, best.time_s, ours, second.source, second.groups,
+                  second.time_s)
 
 
 __all__ = [

@@ -29,7 +29,7 @@ _LAYOUT = [
     ("targets", ["targets."]),
     ("passes", ["passes."]),
     ("pipeline", ["pipeline"]),
-    ("top", ["api", "tuning.", "calibration.", "report", "profile"]),
+    ("top", ["api", "tuning.", "calibration.", "report", "profile", "verify"]),
     ("faces", ["cli", "__main__", "", "testing.", "examples."]),
 ]
 FLOOR_NAMES = [name for name, _ in _LAYOUT]

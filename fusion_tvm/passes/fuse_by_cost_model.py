@@ -144,11 +144,16 @@ class FuseByCostModel:
                     fo_time += model.estimate_plan(graph, fo_groups)
                     fo_kernels += count_kernels(graph, fo_groups)
                 t0 = time.perf_counter()
-                choice = choose_partition(graph, model, self.config, fo_groups)
+                prefer = next((s for f, b, s in self.config.sources if (f, b) == (fname, bi)),
+                              None)
+                choice = choose_partition(graph, model, self.config, fo_groups, prefer)
                 search_s += time.perf_counter() - t0
                 groups = choice.groups
                 _note_choice(plan, fname, bi, choice)
-                plan.blocks.append(BlockPlan(fname, bi, groups, fo_groups, graph, choice.source))
+                plan.blocks.append(BlockPlan(
+                    fname, bi, groups, fo_groups, graph, choice.source, choice.time_s,
+                    choice.runner_up, choice.runner_up_groups, choice.runner_up_time_s,
+                ))
                 plan.predicted_time_s += choice.time_s
                 plan.unfused_time_s += model.estimate_plan(graph, singletons(graph))
                 plan.num_kernels += count_kernels(graph, groups)
