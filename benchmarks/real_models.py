@@ -68,11 +68,16 @@ class Spec:
 
 def _randomize_norms(model):
     """BatchNorm statistics and affine terms away from identity (random-weight models
-    initialise them to mean 0, var 1, gamma 1 or 0: folding bugs would hide)."""
+    initialise them to mean 0, var 1, gamma 1 or 0: folding bugs would hide), and
+    parameters initialised to (near) zero drawn again (a zero classifier head or a 1e-6
+    layer scale makes the output independent of most of the network)."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and float(p.abs().max()) < 1e-4:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.02 if p.ndim > 1 else 0.2))
         for mod in model.modules():
             if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) and mod.running_mean \
                     is not None:
