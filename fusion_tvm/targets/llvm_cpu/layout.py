@@ -142,41 +142,21 @@ def _window(data: te.Tensor, kh: int, kw: int, strides, padding, dilation):
 
 
 def conv2d_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
-                    out_dtype: str) -> te.Tensor:
-    """Dense conv: ``data[N, C/bi, H, W, bi]``, ``kernel[O/bo, C/bi, KH, KW, bi, bo]``.
+                    out_dtype: str, groups: int = 1) -> te.Tensor:
+    """Dense conv: ``data[N, C/bi, H, W, bi]``, ``kernel[O/bo, C/groups/bi, KH, KW, bi, bo]``.
 
     The reduction runs over (input-channel block, kernel row, kernel column, lane), the
-    output is ``[N, O/bo, OH, OW, bo]``.
-    """
-    n = data.shape[0]
-    ob, cb, kh, kw, bi, bo = (int(d) for d in kernel.shape)
-    (sh, sw), (dh, dw), oh, ow, pad = _window(data, kh, kw, strides, padding, dilation)
-    ic = te.reduce_axis((0, cb), name="ic")
-    ry = te.reduce_axis((0, kh), name="ry")
-    rx = te.reduce_axis((0, kw), name="rx")
-    ici = te.reduce_axis((0, bi), name="ici")
-    return te.compute(
-        (n, ob, oh, ow, bo),
-        lambda b, o, y, x, oi: te.sum(
-            pad[b, ic, y * sh + ry * dh, x * sw + rx * dw, ici].astype(out_dtype)
-            * kernel[o, ic, ry, rx, ici, oi].astype(out_dtype),
-            axis=[ic, ry, rx, ici],
-        ),
-        name="conv2d_nchwc",
-    )
-
-
-def grouped_conv2d_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
-                            out_dtype: str, groups: int) -> te.Tensor:
-    """Grouped conv whose groups are whole channel blocks: ``data[N, C/bi, H, W, bi]``,
-    ``kernel[O/bo, C/groups/bi, KH, KW, bi, bo]`` (ConvertLayout's ``OIHW[bi]i[bo]o``).
-
-    Output block ``o`` belongs to group ``o // (O/groups/bo)`` and reduces over that
-    group's ``C/groups/bi`` input blocks.
+    output is ``[N, O/bo, OH, OW, bo]``. With ``groups`` (whole channel blocks each, as
+    ConvertLayout blocks a grouped conv) output block ``o`` belongs to group
+    ``o // (O/groups/bo)`` and reduces over that group's input blocks.
     """
     n = data.shape[0]
     ob, cb, kh, kw, bi, bo = (int(d) for d in kernel.shape)
     per_group = ob // groups  # output blocks of one group
+
+    def block_of(o, ic):  # the input channel block read for output block o
+        return ic if groups == 1 else o // per_group * cb + ic
+
     (sh, sw), (dh, dw), oh, ow, pad = _window(data, kh, kw, strides, padding, dilation)
     ic = te.reduce_axis((0, cb), name="ic")
     ry = te.reduce_axis((0, kh), name="ry")
@@ -185,8 +165,7 @@ def grouped_conv2d_nchwc_te(data: te.Tensor, kernel: te.Tensor, strides, padding
     return te.compute(
         (n, ob, oh, ow, bo),
         lambda b, o, y, x, oi: te.sum(
-            pad[b, o // per_group * cb + ic, y * sh + ry * dh, x * sw + rx * dw, ici]
-            .astype(out_dtype)
+            pad[b, block_of(o, ic), y * sh + ry * dh, x * sw + rx * dw, ici].astype(out_dtype)
             * kernel[o, ic, ry, rx, ici, oi].astype(out_dtype),
             axis=[ic, ry, rx, ici],
         ),
@@ -466,16 +445,11 @@ class _BlockedRewriter(relax.PyExprMutator):
         data_block = _BLOCKED.match(a.data_layout)
         kernel_block = _BLOCKED_KERNEL.match(a.kernel_layout)
         if data_block and kernel_block and a.out_layout == f"NCHW{kernel_block.group(2)}c":
-            if int(a.groups) == 1:
-                expr = self.builder_.call_te(
-                    conv2d_nchwc_te, args[0], args[1], a.strides, a.padding, a.dilation,
-                    out_dtype, primfunc_name_hint="conv2d_nchwc",
-                )
-            else:  # ConvertLayout blocks a grouped conv whose groups are whole blocks
-                expr = self.builder_.call_te(
-                    grouped_conv2d_nchwc_te, args[0], args[1], a.strides, a.padding,
-                    a.dilation, out_dtype, int(a.groups), primfunc_name_hint="conv2d_nchwc",
-                )
+            # (grouped: ConvertLayout blocks a conv whose groups are whole blocks)
+            expr = self.builder_.call_te(
+                conv2d_nchwc_te, args[0], args[1], a.strides, a.padding, a.dilation,
+                out_dtype, int(a.groups), primfunc_name_hint="conv2d_nchwc",
+            )
             return "plain", expr
         dims = _conv_dims(call)
         if dims is not None and dims[2] == 1:
