@@ -198,46 +198,39 @@ def _yolo(yaml: str, size: int = 320):
     return build
 
 
+def _hf(config: str, model_cls: str, input_name: str, **kw):
+    """A transformers model from its config, returning ``last_hidden_state``."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    inner = getattr(T, model_cls)(getattr(T, config)(**kw)).eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(**{input_name: x}).last_hidden_state
+
+    return LastHidden()
+
+
 def _hf_text(config: str, model_cls: str, seq: int = 128, **kw):
     def build():
         import torch
-        import transformers as T
 
-        torch.manual_seed(0)
-        inner = getattr(T, model_cls)(getattr(T, config)(**kw)).eval()
-
-        class LastHidden(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, input_ids):
-                return self.inner(input_ids=input_ids).last_hidden_state
-
+        model = _hf(config, model_cls, "input_ids", **kw)
         ids = torch.randint(0, 1000, (1, seq), generator=torch.Generator().manual_seed(0))
-        return LastHidden(), (ids,), ["input_ids"]
+        return model, (ids,), ["input_ids"]
 
     return build
 
 
 def _hf_image(config: str, model_cls: str, size: int = 224, **kw):
     def build():
-        import torch
-        import transformers as T
-
-        torch.manual_seed(0)
-        inner = getattr(T, model_cls)(getattr(T, config)(**kw)).eval()
-
-        class Hidden(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, pixel_values):
-                out = self.inner(pixel_values=pixel_values)
-                return out.last_hidden_state
-
-        model, example, _ = _image(Hidden(), size)
+        model, example, _ = _image(_hf(config, model_cls, "pixel_values", **kw), size)
         return model, example, ["pixel_values"]
 
     return build
@@ -430,19 +423,10 @@ def summary(rows: list[dict], info: dict, args) -> str:
 
 
 def write(rows: list[dict], info: dict, args, final: bool) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
-    md = summary(rows, info, args)
-    (args.out / "summary.md").write_text(md)
-    doc = {"machine": info, "args": {k: str(v) if isinstance(v, Path) else v
-                                     for k, v in vars(args).items()}, "models": rows}
-    (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    """``summary.md`` and ``results.json`` after every model; at the end the plots too."""
     if final:
-        print(md)
-        try:
-            driver.CONTENDERS[:] = list(dict.fromkeys([*driver.CONTENDERS, "openvino"]))
-            driver.plots([r for r in rows if r.get("contenders")], args.out)
-        except Exception as e:  # plots are a convenience
-            driver.progress(f"no plot: {driver.short(e)}")
+        driver.CONTENDERS[:] = list(dict.fromkeys([*driver.CONTENDERS, "openvino"]))
+    driver.write_results(rows, info, args, final, render=summary)
 
 
 # ---------------------------------------------------------------------------- driver

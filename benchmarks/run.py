@@ -648,17 +648,19 @@ def parse_args(argv=None):
     return args
 
 
-def write_results(rows: list[dict], info: dict, args, final: bool) -> None:
-    """Summary and JSON after every model (a long run keeps what it measured); plots at the end."""
+def write_results(rows: list[dict], info: dict, args, final: bool,
+                  render: Callable[[list[dict], dict, object], str] = markdown) -> None:
+    """Summary and JSON after every model (a long run keeps what it measured); plots at the end.
+    ``render`` writes the summary (``benchmarks/real_models.py`` has its own table)."""
     args.out.mkdir(parents=True, exist_ok=True)
-    md = markdown(rows, info, args)
+    md = render(rows, info, args)
     (args.out / "summary.md").write_text(md)
     doc = {"machine": info, "args": {k: str(v) if isinstance(v, Path) else v
                                      for k, v in vars(args).items()}, "models": rows}
     (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
     if final:
         print(md)
-        written = plots(rows, args.out)
+        written = plots([r for r in rows if r.get("contenders")], args.out)
         progress(f"wrote {args.out}/summary.md, results.json" +
                  (", " + ", ".join(written) if written else ""))
 
