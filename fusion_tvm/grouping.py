@@ -37,6 +37,18 @@ def _is_symbolic_scalar(expr) -> bool:
     )
 
 
+def published_vars(graph: FusionGraph, members: Sequence[int], used_later: set) -> list:
+    """The binding vars of ``members`` used outside the group, in member order."""
+    inner = set(members)
+    published = []
+    for i in members:
+        var = graph.nodes[i].binding.var
+        t = graph.tensors[graph.nodes[i].outputs[0]]
+        if var in used_later or any(c not in inner for c in t.consumers) or t.escapes:
+            published.append(var)
+    return published
+
+
 def _emit_group(
     bb: relax.BlockBuilder, graph: FusionGraph, members: list[int], used_later: set
 ) -> tuple[relax.GlobalVar, list, list]:
@@ -45,7 +57,6 @@ def _emit_group(
     Returns the function's GlobalVar, the call arguments, and the list of
     (original binding var) it publishes, in return order.
     """
-    inner = set(members)
     params: list[relax.Var] = []
     args: list = []
     arg_index: dict = {}
@@ -74,12 +85,7 @@ def _emit_group(
         new_var = relax.DataflowVar(var.name, var.ty)
         remap[var] = new_var
         bindings.append(relax.VarBinding(new_var, new_call))
-    published = []
-    for i in members:
-        var = graph.nodes[i].binding.var
-        t = graph.tensors[graph.nodes[i].outputs[0]]
-        if var in used_later or any(c not in inner for c in t.consumers) or t.escapes:
-            published.append(var)
+    published = published_vars(graph, members, used_later)
     if not published:
         raise InternalError(f"group {group_name(graph, members)} publishes no output")
     if len(published) == 1:
@@ -121,11 +127,13 @@ def rewrite_block(
     groups: Sequence[frozenset[int]],
     used_later: set,
     kernel_names: dict[frozenset[int], str] | None = None,
+    dropped: list[frozenset[int]] | None = None,
 ) -> relax.DataflowBlock:
     """The block with every multi-node group replaced by a call to its function.
 
     ``kernel_names``, when given, receives each multi-node group's function name (which
-    ``FuseTIR`` gives to the group's PrimFunc).
+    ``FuseTIR`` gives to the group's PrimFunc). A group none of whose values is used (dead
+    code) is dropped, as FuseOps drops it; ``dropped``, when given, receives those groups.
     """
     n = len(graph.nodes)
     item_of = list(range(n))
@@ -168,6 +176,10 @@ def rewrite_block(
         if len(ms) == 1:
             new_bindings.append(graph.nodes[ms[0]].binding)
             continue
+        if not published_vars(graph, ms, used_later):  # dead: its bindings are pure
+            if dropped is not None:
+                dropped.append(frozenset(ms))
+            continue
         gv, args, published = _emit_group(bb, graph, ms, used_later)
         if kernel_names is not None:
             kernel_names[frozenset(ms)] = gv.name_hint
@@ -195,4 +207,4 @@ def vars_used_after(func: relax.Function, block_index: int) -> set:
     return used
 
 
-__all__ = ["rewrite_block", "vars_used_after"]
+__all__ = ["published_vars", "rewrite_block", "vars_used_after"]

@@ -159,15 +159,11 @@ class FuseByCostModel:
                 plan.num_kernels += count_kernels(graph, groups)
                 plan.unfused_kernels += count_kernels(graph, singletons(graph))
                 kernel_names: dict[frozenset[int], str] = {}
+                dropped: list[frozenset[int]] = []
                 new_blocks.append(
-                    rewrite_block(bb, graph, block, groups, used_later, kernel_names)
+                    rewrite_block(bb, graph, block, groups, used_later, kernel_names, dropped)
                 )
-                for g in groups:
-                    if is_kernel(graph, g):
-                        name = "+".join(graph.nodes[i].func_name for i in sorted(g))
-                        plan.groups.append(group_plan(
-                            graph, g, model, fname, name, bi, kernel_names.get(g, "")
-                        ))
+                _record_groups(plan, graph, groups, model, (fname, bi), kernel_names, dropped)
             new_func = relax.Function(
                 func.params, relax.SeqExpr(new_blocks, func.body.body), func.ret_ty,
                 func.is_pure, func.attrs, func.span,
@@ -182,6 +178,22 @@ class FuseByCostModel:
         funcs_out = {gv: new_funcs.get(gv.name_hint, f) for gv, f in out.functions.items()}
         out = tvm.IRModule(funcs_out, attrs=out.attrs, global_infos=out.global_infos)
         return relax.transform.Normalize()(out)
+
+
+def _record_groups(plan: FusionPlan, graph, groups, model, where: tuple[str, int],
+                   kernel_names: dict, dropped: list) -> None:
+    """Add the kernels of one rewritten block to ``plan``; dead groups (dropped by the
+    rewrite) are noted and not counted."""
+    fname, bi = where
+    for g in dropped:
+        plan.num_kernels -= count_kernels(graph, [g])
+        plan.notes.append(f"{fname} block {bi}: dead group of "
+                          f"{[graph.nodes[i].name for i in sorted(g)]} dropped")
+    for g in groups:
+        if g in dropped or not is_kernel(graph, g):
+            continue
+        name = "+".join(graph.nodes[i].func_name for i in sorted(g))
+        plan.groups.append(group_plan(graph, g, model, fname, name, bi, kernel_names.get(g, "")))
 
 
 def _note_choice(plan: FusionPlan, fname: str, bi: int, choice) -> None:
