@@ -6,8 +6,10 @@
 >>> print(cm.plan.table())
 """
 
-from . import targets  # noqa: F401  (registers the backends)
-from .api import CompiledModel, compile
+# targets registers the backends; the others are named in the README as
+# fusion_tvm.<module>.<function> and work after one `import fusion_tvm`.
+from . import explain, profile, report, targets, threads  # noqa: F401
+from .api import CompiledModel, TensorSpec, compile, load
 from .cost_models import (
     CostModel,
     HardwareSpec,
@@ -37,6 +39,7 @@ __all__ = [
     "FusionTVMError",
     "HardwareSpec",
     "SearchConfig",
+    "TensorSpec",
     "TuningDatabase",
     "UserInputError",
     "build_pipeline",
@@ -47,6 +50,7 @@ __all__ = [
     "list_backends",
     "list_cost_models",
     "list_hardware",
+    "load",
     "load_model",
     "make_pipeline",
     "register_backend",

@@ -298,8 +298,9 @@ def _check_target_hw(args) -> None:
 
 def companion_json(artifact: str | os.PathLike) -> Path:
     """``model.so`` -> ``model.plan.json`` (the plan written by ``compile``)."""
-    p = Path(artifact)
-    return p.with_name(p.stem + ".plan.json") if p.suffix else p.with_name(p.name + ".plan.json")
+    from .api import companion_json as beside
+
+    return beside(artifact)
 
 
 def cmd_compile(args, progress: Progress) -> int:
@@ -343,6 +344,8 @@ def cmd_compile(args, progress: Progress) -> int:
     meta.update(artifact=out.name, target_kind=kind,
                 kernels_built=cm.num_kernels, compile_time_s=cm.compile_time_s)
     plan_path = companion_json(out)
+    if hasattr(cm, "signature_json"):  # output shapes, for fusion_tvm.load
+        meta["output_specs"] = cm.signature_json()["output_specs"]
     _write_text(str(plan_path), json.dumps(meta, indent=2, default=_json_default), "plan")
     summary = {"artifact": str(out), "plan": str(plan_path), "kernels": cm.num_kernels,
                "compile_time_s": round(cm.compile_time_s, 3)}
@@ -841,6 +844,19 @@ def _verify_options(p: argparse.ArgumentParser, tuning_db: bool = True) -> None:
                        help="measured block decisions read and written with --verify")
 
 
+def _version() -> str:
+    """``fusion-tvm 0.1.0 (apache-tvm 0.27.0.post1)``, read without importing TVM."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "unknown"
+
+    return f"{PROG} {of('fusion_tvm')} (apache-tvm {of('apache-tvm')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``fusion-tvm``."""
     common = _common()
@@ -848,6 +864,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, parents=[_common()],
         description="Cost-model-driven operator fusion for Apache TVM: plan, compile, run, "
                     "benchmark, profile and explain.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("plan", parents=[common], help="search and print the fusion plan")

@@ -50,15 +50,27 @@ def _check_values(where: str, vals: list[int]) -> list[int]:
 
 def sample_values(hint: Hint) -> list[int]:
     """The points at which a hint is evaluated: both ends and the geometric middle."""
-    if isinstance(hint, bool):
-        raise UserInputError(f"bad shape hint value {hint!r}")
+    if isinstance(hint, bool) or isinstance(hint, (str, bytes)) or hint is None:
+        raise UserInputError(f"bad shape hint value {hint!r}: expected an integer, a (lo, hi) "
+                             "range or a list of integers")
     if isinstance(hint, int):
         return [_check_values(str(hint), [hint])[0]]
-    if isinstance(hint, tuple) and len(hint) == 2:
-        lo, hi = _check_range(f"{hint}", int(hint[0]), int(hint[1]))
-        mid = int(round(math.sqrt(lo * hi)))
-        return sorted({lo, mid, hi})
-    return sorted(set(_check_values(f"{hint}", [int(v) for v in hint])))
+    try:
+        if isinstance(hint, tuple) and len(hint) == 2:
+            lo, hi = _check_range(f"{hint}", _integer(hint[0]), _integer(hint[1]))
+            mid = int(round(math.sqrt(lo * hi)))
+            return sorted({lo, mid, hi})
+        return sorted(set(_check_values(f"{hint}", [_integer(v) for v in hint])))
+    except (TypeError, ValueError) as err:
+        raise UserInputError(f"bad shape hint value {hint!r}: expected an integer, a (lo, hi) "
+                             "range or a list of integers") from err
+
+
+def _integer(v) -> int:
+    """An integral value (``8``, ``np.int64(8)``, ``8.0``); anything else is a ValueError."""
+    if isinstance(v, (bool, str, bytes)) or int(v) != v:
+        raise ValueError(f"{v!r} is not an integer")
+    return int(v)
 
 
 def representative(hint: Hint) -> int:

@@ -10,7 +10,7 @@ from tvm import IRModule, relax, tirx
 from ..errors import UserInputError
 
 Dim = int | str
-Source = Literal["onnx", "irmodule", "torch"]
+Source = Literal["onnx", "irmodule", "torch", "library"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class LoadedModel:
     input_dtypes : tuple of str
         ``""`` where the model leaves an input's element type open (any dtype is accepted).
     output_names : tuple of str
-    source : {"onnx", "irmodule", "torch"}
+    source : {"onnx", "irmodule", "torch", "library"}
+        ``"library"``: read back by :func:`fusion_tvm.load` (``mod`` is None).
     """
 
     mod: IRModule
