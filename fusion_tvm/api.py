@@ -15,7 +15,7 @@ from tvm import relax
 from .errors import InputMismatchError, UserInputError
 from .frontend import LoadedModel, load_model, load_torch
 from .frontend.index_checks import gather_index_ranges
-from .graph import default_dims
+from .graph import default_dims, is_kernel_call
 from .hardware import HardwareSpec
 from .pipeline import FusionMode, fusion_mode, resolve, run_phases
 from .plan import FusionPlan
@@ -32,13 +32,14 @@ CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def kernel_calls(mod: tvm.IRModule) -> list[str]:
-    """The PrimFunc of every ``call_tir`` left in the Relax functions of ``mod`` (views
-    excluded), in call order within each function: the kernels one run launches."""
+    """The PrimFunc of every ``call_tir`` / ``call_tir_inplace`` left in the Relax
+    functions of ``mod`` (views excluded), in call order within each function: the kernels
+    one run launches."""
     mod = relax.transform.RewriteDataflowReshape()(mod)
     calls: list[str] = []
 
     def visit(e):
-        if isinstance(e, relax.Call) and e.op.same_as(CALL_TIR):
+        if is_kernel_call(e):
             calls.append(e.args[0].name_hint)
 
     for func in mod.functions.values():
@@ -48,7 +49,7 @@ def kernel_calls(mod: tvm.IRModule) -> list[str]:
 
 
 def count_kernels(mod: tvm.IRModule) -> int:
-    """``call_tir`` calls left in the Relax functions of ``mod`` (views excluded)."""
+    """Kernel calls left in the Relax functions of ``mod`` (views excluded)."""
     return len(kernel_calls(mod))
 
 

@@ -13,7 +13,7 @@ import re
 import tvm
 from tvm import relax
 
-from .graph import CALL_TIR
+from .graph import is_kernel_call
 
 _TAG = re.compile(r"__ftvm_(\d+)_(\d+)_(\d+)$")
 
@@ -28,7 +28,7 @@ def _tag_module(mod: tvm.IRModule, funcs: list[str]) -> tvm.IRModule:
             bindings = []
             for ki, b in enumerate(block.bindings):
                 v = b.value
-                if isinstance(v, relax.Call) and v.op.same_as(CALL_TIR):
+                if is_kernel_call(v):
                     tag = f"__ftvm_{fi}_{bi}_{ki}"
                     gv = bb.add_func(mod[v.args[0]].with_attr("fusion_tvm.tag", tag), tag)
                     v = relax.Call(v.op, [gv, *v.args[1:]], v.attrs, v.ty_args)
@@ -59,7 +59,7 @@ def fuseops_groups(mod: tvm.IRModule, funcs: list[str]) -> dict[tuple[int, int],
         members: list[tuple[int, int, int]] = []
 
         def visit(e, members=members):
-            if isinstance(e, relax.Call) and e.op.same_as(CALL_TIR):
+            if is_kernel_call(e):
                 m = _TAG.match(e.args[0].name_hint)
                 if m:
                     members.append(tuple(int(x) for x in m.groups()))

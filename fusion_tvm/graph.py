@@ -20,6 +20,15 @@ from .ops import OpClass, PatternKind
 from .tir_analysis import PrimFuncInfo, analyze_primfunc, evaluate, shape_elems
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
+
+
+def is_kernel_call(expr) -> bool:
+    """A ``call_tir`` or ``call_tir_inplace`` (which writes into some of its arguments):
+    the calls that launch a PrimFunc and may be fused."""
+    return isinstance(expr, relax.Call) and (
+        expr.op.same_as(CALL_TIR) or expr.op.same_as(CALL_TIR_INPLACE)
+    )
 
 
 @dataclass
@@ -229,7 +238,7 @@ def build_fusion_graph(
     for idx, binding in enumerate(block.bindings):
         value = binding.value
         var = binding.var
-        is_call_tir = isinstance(value, relax.Call) and value.op.same_as(CALL_TIR)
+        is_call_tir = is_kernel_call(value)
         node = FusionNode(id=idx, name=var.name, binding=binding, inputs=[], outputs=[])
         if is_call_tir and isinstance(value.args[1], relax.Tuple) and len(value.args) == 2:
             gv = value.args[0]
@@ -309,6 +318,8 @@ def default_dims(mod: tvm.IRModule, hints: Mapping[str, int] | None = None) -> d
 
 
 __all__ = [
+    "CALL_TIR",
+    "CALL_TIR_INPLACE",
     "FusionGraph",
     "FusionNode",
     "PatternKind",
@@ -316,4 +327,5 @@ __all__ = [
     "build_fusion_graph",
     "default_dims",
     "evaluate",
+    "is_kernel_call",
 ]

@@ -1,10 +1,12 @@
 """Relax modules as TVM users write them (issue 24): dead code, ``call_tir_inplace``,
 hand-written PrimFuncs, weights as parameters, plain string targets."""
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 from fusion_tvm.api import count_kernels
 from fusion_tvm.passes.fuse_by_cost_model import FuseByCostModel
@@ -37,6 +39,49 @@ class DeadGroup:
         return gv
 
 
+@I.ir_module(s_tir=True)
+class Inplace:
+    """TVM's test_transform_fuse_ops.py::test_call_tir_inplace."""
+
+    @T.prim_func(private=True, s_tir=True)
+    def add(A: T.Buffer((T.int64(10), T.int64(20)), "float32"), B: T.Buffer((), "float32"),
+            Out: T.Buffer((T.int64(10), T.int64(20)), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for ax0, ax1 in T.grid(T.int64(10), T.int64(20)):
+            with T.sblock("T_add"):
+                v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                Out[v0, v1] = A[v0, v1] + B[()]
+
+    @T.prim_func(private=True, s_tir=True)
+    def exp_inplace(A: T.Buffer((T.int64(10), T.int64(20)), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i0, i1 in T.grid(T.int64(10), T.int64(20)):
+            with T.sblock("compute"):
+                v0, v1 = T.axis.remap("SS", [i0, i1])
+                A[v0, v1] = T.exp(A[v0, v1])
+
+    @T.prim_func(private=True, s_tir=True)
+    def squeeze_inplace(A: T.Buffer((T.int64(10), T.int64(20)), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for ax0, ax1 in T.grid(T.int64(10), T.int64(20)):
+            with T.sblock("T_squeeze"):
+                v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                A[v0, v1] = A[v0, v1]
+
+    @R.function
+    def main(x: R.Tensor((10, 20), "float32"),
+             p0: R.Tensor((), "float32")) -> R.Tensor((10, 20), "float32"):
+        cls = Inplace
+        with R.dataflow():
+            lv = R.call_tir(cls.add, (x, p0), out_ty=R.Tensor((10, 20), "float32"))
+            lv1 = R.call_tir_inplace(cls.exp_inplace, (lv,), inplace_indices=[0],
+                                     out_ty=R.Tensor((10, 20), "float32"))
+            gv = R.call_tir_inplace(cls.squeeze_inplace, (lv1,), inplace_indices=[0],
+                                    out_ty=R.Tensor((10, 20), "float32"))
+            R.output(gv)
+        return gv
+
+
 # fmt: on
 
 
@@ -55,3 +100,15 @@ def test_dead_group_is_dropped_as_fuseops_drops_it():
     fuseops = relax.transform.FuseTIR()(relax.transform.FuseOps()(mod))
     assert count_kernels(lowered) <= count_kernels(fuseops)
 
+
+def test_call_tir_inplace_is_fused_and_counted():
+    mod = relax.transform.AnnotateTIROpPattern()(Inplace)
+    assert count_kernels(mod) == 3  # call_tir_inplace counts as a kernel
+    fused = relax.transform.FuseTIR()(FuseByCostModel("roofline", hw="ci-x86-avx2")(mod))
+    assert relax.analysis.check_well_formed(fused)
+    assert count_kernels(fused) == 1  # as FuseOps: one kernel
+    x = np.random.default_rng(0).standard_normal((10, 20)).astype("float32")
+    p0 = np.array(0.5, "float32")
+    vm = relax.VirtualMachine(tvm.compile(fused, "llvm"), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(p0)).numpy()
+    np.testing.assert_allclose(out, np.exp(x + p0), rtol=1e-5)
