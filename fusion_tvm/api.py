@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import os
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,6 +58,89 @@ def count_kernels(mod: tvm.IRModule) -> int:
     return len(kernel_calls(mod))
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: name, shape (symbolic dims by name) and dtype.
+
+    ``shape`` is None where the model does not say (a tuple output's unknown shape);
+    ``dtype`` is ``""`` where the model leaves the element type open.
+    """
+
+    name: str
+    shape: tuple[int | str, ...] | None
+    dtype: str
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else ", ".join(map(str, self.shape))
+        return f"{self.name}: {self.dtype or 'any'}[{dims}]"
+
+    def to_json(self) -> dict:
+        """JSON-ready form (the ``inputs`` / ``outputs`` entries of the plan JSON)."""
+        return {"name": self.name, "shape": None if self.shape is None else list(self.shape),
+                "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict | str) -> TensorSpec:
+        """Read an entry written by :meth:`to_json` (a bare name: shape and dtype unknown)."""
+        if isinstance(data, str):
+            return cls(data, None, "")
+        shape = data.get("shape")
+        return cls(str(data["name"]), None if shape is None else tuple(shape),
+                   str(data.get("dtype") or ""))
+
+
+def _type_specs(ty, names: Sequence[str]) -> list[TensorSpec]:
+    """Specs of a Relax return type, tuples flattened in order, named by ``names``."""
+    flat = []
+
+    def walk(t):
+        if isinstance(t, relax.TupleType):
+            for f in t.fields:
+                walk(f)
+        else:
+            flat.append(t)
+
+    walk(ty)
+    specs = []
+    for i, t in enumerate(flat):
+        name = names[i] if i < len(names) else f"output_{i}"
+        shape = dtype = None
+        if isinstance(t, relax.TensorType):
+            dtype = "" if t.dtype is None else str(t.dtype)
+            if isinstance(t.shape, relax.ShapeExpr):
+                shape = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d)
+                              for d in t.shape.values)
+        specs.append(TensorSpec(name, shape, dtype or ""))
+    return specs
+
+
+def companion_json(artifact: str | os.PathLike) -> Path:
+    """``model.so`` -> ``model.plan.json``: the signature and plan written beside a library
+    by :meth:`CompiledModel.export` (and ``fusion-tvm compile``)."""
+    p = Path(artifact)
+    return p.with_name(p.stem + ".plan.json") if p.suffix else p.with_name(p.name + ".plan.json")
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Silence what TVM's C++ side writes to file descriptor 2 meanwhile (``export_library``
+    logs a ``Scope Saving:`` warning per constant, loading one ``Scope Loaded:``); Python's
+    own ``sys.stderr`` is left alone. A no-op where fd 2 cannot be redirected."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class CompiledModel:
     """A built model: run it, read its plan, export it.
 
@@ -77,19 +165,46 @@ class CompiledModel:
         self.hw: HardwareSpec = hw
         self.device = device
         self.compile_time_s = compile_time_s
-        self.num_kernels = count_kernels(fused_mod)
+        # A library read back by :func:`load` has no module: its count comes from the JSON.
+        self.num_kernels = count_kernels(fused_mod) if fused_mod is not None else 0
+        self._outputs: tuple[TensorSpec, ...] | None = None
         self._vm = None
+        #: The plan JSON a :func:`load`-ed model was exported with (None otherwise).
+        self.plan_json: dict | None = None
         self._bound: dict[str, int] = {}
         #: Static builds for hot sizes, keyed by the sorted (dim, value) pairs.
         self.variants: dict[tuple, CompiledModel] = {}
         #: Inputs used as lookup indices, range-checked before each run (an out-of-range
         #: index would read outside the table: a crash, not an error).
-        self.index_ranges = gather_index_ranges(loaded.mod, loaded.input_names)
+        self.index_ranges = (gather_index_ranges(loaded.mod, loaded.input_names)
+                             if loaded.mod is not None else [])
 
     @property
     def input_names(self) -> tuple[str, ...]:
         """Input names in feed order."""
         return self.loaded.input_names
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The model's inputs in feed order: name, shape (symbolic dims by name), dtype."""
+        return tuple(TensorSpec(n, tuple(s), d) for n, s, d in zip(
+            self.loaded.input_names, self.loaded.input_shapes, self.loaded.input_dtypes,
+            strict=True))
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        """The model's outputs in :meth:`run`'s order: name, shape, dtype."""
+        if self._outputs is None:
+            self._outputs = tuple(_type_specs(self.loaded.mod["main"].ret_ty,
+                                              self.loaded.output_names))
+        return self._outputs
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.inputs))
+        outs = ", ".join(map(str, self.outputs))
+        target = _target_kind(self.target)
+        return (f"<CompiledModel ({ins}) -> ({outs}); {self.num_kernels} kernels, "
+                f"target {target}, hw {getattr(self.hw, 'name', self.hw)}>")
 
     @property
     def vm(self) -> relax.VirtualMachine:
@@ -102,6 +217,12 @@ class CompiledModel:
 
     def _check_feeds(self, feeds) -> list[np.ndarray]:
         names = self.loaded.input_names
+        if isinstance(feeds, (np.ndarray, tvm.runtime.Tensor)) or np.isscalar(feeds):
+            if len(names) != 1:  # iterating it would feed its rows as inputs
+                raise InputMismatchError(
+                    f"got one array; the model takes {len(names)} inputs {list(names)}: "
+                    f"pass a dict {{name: array}} or a list in that order")
+            feeds = [feeds]
         if isinstance(feeds, Mapping):
             unknown = sorted(set(feeds) - set(names))
             missing = [n for n in names if n not in feeds]
@@ -122,7 +243,7 @@ class CompiledModel:
         for name, arr, shape, dtype in zip(
             names, arrays, self.loaded.input_shapes, self.loaded.input_dtypes, strict=True
         ):
-            arr = np.asarray(arr)
+            arr = arr.numpy() if isinstance(arr, tvm.runtime.Tensor) else np.asarray(arr)
             if dtype and str(arr.dtype) != dtype:
                 raise InputMismatchError(
                     f"input '{name}' has dtype {arr.dtype}, the model expects {dtype}"
@@ -153,13 +274,16 @@ class CompiledModel:
         self._bound = bound
         return out
 
-    def run(self, feeds: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run once; ``feeds`` maps input names to arrays (or lists them in order).
+    def run(self, feeds: Mapping[str, np.ndarray] | Sequence[np.ndarray] | np.ndarray
+            | None = None, /, **named: np.ndarray) -> list[np.ndarray]:
+        """Run once and return the outputs as numpy arrays, in :attr:`outputs` order.
 
+        ``feeds`` maps input names to arrays, lists them in order, or is one array for a
+        one-input model; inputs may also be given by keyword: ``cm.run(input=x)``.
         When specialised variants were built (``compile(..., specialize=...)``) and the
         feeds' symbolic dims match one, that variant runs; otherwise the generic build.
         """
-        return flatten_outputs(self.bind(feeds)())
+        return flatten_outputs(self.bind(_feeds_of(feeds, named))())
 
     def _variant(self) -> CompiledModel:
         """The specialised variant matching the last checked feeds' dims, else self."""
@@ -169,11 +293,13 @@ class CompiledModel:
         key = tuple(sorted((d, v) for d, v in self._bound.items() if d in dims))
         return self.variants.get(key, self)
 
-    def bind(self, feeds: Mapping[str, np.ndarray] | Sequence[np.ndarray]):
+    def bind(self, feeds: Mapping[str, np.ndarray] | Sequence[np.ndarray] | np.ndarray
+             | None = None, /, **named: np.ndarray):
         """A zero-argument callable that runs the model on ``feeds`` copied to the device
         once and returns the VM's result (device tensors): times the compiled code without
-        :meth:`run`'s numpy copies (~90 us for TVM #20342's 512 KB fp16 case)."""
-        arrays = self._check_feeds(feeds)
+        :meth:`run`'s numpy copies (~90 us for TVM #20342's 512 KB fp16 case). ``feeds``
+        as for :meth:`run`."""
+        arrays = self._check_feeds(_feeds_of(feeds, named))
         variant = self._variant()
         if variant is not self:
             return variant.bind(arrays)
@@ -219,11 +345,108 @@ class CompiledModel:
         variant = self._variant()
         return profile_model(variant, arrays, dims, repeat=repeat, seed=seed, model=model)
 
+    def signature_json(self) -> dict:
+        """Inputs, outputs and kernel count as written beside an exported library."""
+        data = {"inputs": [t.to_json() for t in self.inputs],
+                "outputs": [t.name for t in self.outputs],
+                "output_specs": [t.to_json() for t in self.outputs],
+                "kernels_built": self.num_kernels,
+                "target_kind": _target_kind(self.target)}
+        if self.plan is not None:
+            data = {**self.plan.to_json(), **data}
+        return data
+
     def export(self, path: str | os.PathLike) -> str:
-        """Export the VM executable as a shared library loadable by ``tvm.runtime.load_module``."""
+        """Export the VM executable as a shared library loadable by ``tvm.runtime.load_module``,
+        and its signature and plan as ``<name>.plan.json`` beside it (what :func:`load`
+        reads back)."""
         path = os.fspath(path)
-        self.executable.export_library(path)
+        with quiet_native_stderr():  # a "Scope Saving:" warning per constant otherwise
+            self.executable.export_library(path)
+        companion_json(path).write_text(
+            json.dumps(self.signature_json(), indent=2, default=_json_default))
         return path
+
+
+def _target_kind(target) -> str:
+    """``llvm`` / ``cuda`` of a TVM target; a plain name (``hls``, a loaded library's) as is."""
+    return str(target.kind.name) if hasattr(target, "kind") else str(target)
+
+
+def _json_default(obj):
+    if hasattr(obj, "to_json"):
+        return obj.to_json()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    return str(obj)
+
+
+def _feeds_of(feeds, named: Mapping[str, Any]):
+    """``run`` / ``bind``'s positional feeds or keyword inputs, not both."""
+    if named:
+        if feeds is not None:
+            raise InputMismatchError("pass the inputs either positionally or by keyword, "
+                                     "not both")
+        return dict(named)
+    if feeds is None:
+        raise InputMismatchError("no inputs given")
+    return feeds
+
+
+def load(path: str | os.PathLike, device=None) -> CompiledModel:
+    """Read back a library written by :meth:`CompiledModel.export` (or ``fusion-tvm
+    compile``) as a :class:`CompiledModel` with the same :meth:`~CompiledModel.run` and
+    :meth:`~CompiledModel.bind`.
+
+    The input and output signature comes from ``<name>.plan.json`` beside the library;
+    ``plan`` is None (the plan's JSON is in ``plan_json``) and ``fused_mod`` is None.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The exported library.
+    device : tvm.runtime.Device, optional
+        Where to run; the CPU unless the JSON says the library was built for CUDA.
+    """
+    from .frontend.loaded import LoadedModel
+
+    path = Path(path)
+    meta_path = companion_json(path)
+    if not path.is_file():
+        raise UserInputError(f"cannot load '{path}': no such file")
+    if not meta_path.is_file():
+        raise UserInputError(f"cannot load '{path}': its signature '{meta_path.name}' is not "
+                             "beside it (export() writes both; plain TVM can still load the "
+                             "library: tvm.runtime.load_module + relax.VirtualMachine)")
+    try:
+        meta = json.loads(meta_path.read_text())
+        inputs = [TensorSpec.from_json(d) for d in meta["inputs"]]
+        outputs = [TensorSpec.from_json(d)
+                   for d in meta.get("output_specs") or meta.get("outputs", [])]
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserInputError(f"'{meta_path}' is not a plan JSON written by export(): "
+                             f"{err}") from None
+    try:
+        with quiet_native_stderr():  # "Scope Loaded:" otherwise
+            lib = tvm.runtime.load_module(str(path))
+    except Exception as err:  # noqa: BLE001 - TVM reports a bad file as assorted errors
+        raise UserInputError(f"cannot load '{path}': {str(err).strip().splitlines()[-1]}") \
+            from None
+    kind = str(meta.get("target_kind") or "llvm")
+    if device is None:
+        device = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
+    loaded = LoadedModel(mod=None, input_names=tuple(t.name for t in inputs),
+                         input_shapes=tuple(tuple(t.shape or ()) for t in inputs),
+                         input_dtypes=tuple(t.dtype for t in inputs),
+                         output_names=tuple(t.name for t in outputs), source="library")
+    model = CompiledModel(lib, loaded, None, None, kind, meta.get("hardware", ""), device,
+                          float(meta.get("compile_time_s", 0.0)))
+    model.num_kernels = int(meta.get("kernels_built", meta.get("num_kernels", 0)))
+    model._outputs = tuple(outputs)
+    model.plan_json = meta
+    return model
 
 
 def flatten_outputs(value) -> list[np.ndarray]:
