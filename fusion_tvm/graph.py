@@ -66,6 +66,9 @@ class FusionNode:
     info: PrimFuncInfo | None = None
     fusible: bool = False
     is_view: bool = False  # a pure reshape: becomes a free view when left alone
+    #: dtypes of the PrimFunc's buffer shapes (int64 from LegalizeOps, int32 in many
+    #: hand-written PrimFuncs): FuseTIR cannot join buffers whose shapes differ in it.
+    index_dtypes: frozenset[str] = frozenset()
 
     @property
     def op_class(self) -> OpClass | None:
@@ -176,6 +179,15 @@ def _sym_names_of(ty) -> set[str]:
         return set()
 
 
+def _index_dtypes(func) -> frozenset[str]:
+    """The dtypes of a PrimFunc's buffer shape dims (static and symbolic alike)."""
+    if not isinstance(func, tirx.PrimFunc):
+        return frozenset()
+    return frozenset(
+        str(d.ty) for p in func.params for d in (getattr(p, "shape", None) or ())
+    )
+
+
 def _same_size(args, out: relax.Var) -> bool:
     """One tensor argument with as many elements as ``out``: a leading slice (the first
     channel blocks of a blocked tensor) also maps flat index to flat index, but it is a
@@ -247,6 +259,7 @@ def build_fusion_graph(
             if gv.name_hint not in info_cache:
                 info_cache[gv.name_hint] = analyze_primfunc(func)
             node.info = info_cache[gv.name_hint]
+            node.index_dtypes = _index_dtypes(func)
             # RewriteDataflowReshape turns such a binding into a free view, except when it
             # produces a block output (which needs its own memory).
             node.is_view = bool(relax.analysis.has_reshape_pattern(func)) and isinstance(

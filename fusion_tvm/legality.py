@@ -219,6 +219,20 @@ def check_members(graph: FusionGraph, group: frozenset[int]) -> FusionDecision:
     return FusionDecision.allow()
 
 
+def check_index_dtypes(graph: FusionGraph, group: frozenset[int]) -> FusionDecision:
+    """Members must agree on the dtype of their buffer shapes: FuseTIR maps a value's
+    producer and consumer buffers onto one buffer and refuses ``(1, 4)`` in int32 against
+    ``(1, 4)`` in int64 (a hand-written int32 PrimFunc next to a legalized op)."""
+    if len(group) == 1:
+        return FusionDecision.allow()
+    dtypes = set().union(*(graph.nodes[i].index_dtypes for i in group))
+    if len(dtypes) > 1:
+        return FusionDecision.forbid(
+            f"buffer shapes in different index dtypes {sorted(dtypes)}: FuseTIR cannot join them"
+        )
+    return FusionDecision.allow()
+
+
 def check_convex(graph: FusionGraph, group: frozenset[int]) -> FusionDecision:
     """No path may leave the group and come back into it."""
     if len(group) == 1:
@@ -473,7 +487,8 @@ def is_legal(
     kinds: FusionKinds | None = None,
 ) -> FusionDecision:
     """All legality checks in order; the first failure is returned."""
-    for check in (check_members, check_connected, check_convex, check_feedback):
+    for check in (check_members, check_index_dtypes, check_connected, check_convex,
+                  check_feedback):
         d = check(graph, group)
         if not d:
             return d

@@ -2,6 +2,7 @@
 hand-written PrimFuncs, weights as parameters, plain string targets."""
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 from tvm.script import ir as I
@@ -82,6 +83,38 @@ class Inplace:
         return gv
 
 
+@I.ir_module(s_tir=True)
+class MixedIndexDtypes:
+    """Hand-written PrimFuncs with int32 buffer shapes around a legalized conv2d (int64)."""
+
+    @T.prim_func(private=True, s_tir=True)
+    def to_nchw(A: T.Buffer((1, 8, 8, 4), "float32"), B: T.Buffer((1, 4, 8, 8), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for n, c, h, w in T.grid(1, 4, 8, 8):
+            with T.sblock("B"):
+                vn, vc, vh, vw = T.axis.remap("SSSS", [n, c, h, w])
+                B[vn, vc, vh, vw] = A[vn, vh, vw, vc]
+
+    @T.prim_func(private=True, s_tir=True)
+    def relu32(A: T.Buffer((1, 8, 8, 8), "float32"), B: T.Buffer((1, 8, 8, 8), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for n, c, h, w in T.grid(1, 8, 8, 8):
+            with T.sblock("B"):
+                vn, vc, vh, vw = T.axis.remap("SSSS", [n, c, h, w])
+                B[vn, vc, vh, vw] = T.max(A[vn, vc, vh, vw], T.float32(0))
+
+    @R.function
+    def main(x: R.Tensor((1, 8, 8, 4), "float32"), w: R.Tensor((8, 4, 3, 3), "float32")):
+        cls = MixedIndexDtypes
+        with R.dataflow():
+            lv = R.call_tir(cls.to_nchw, (x,), out_ty=R.Tensor((1, 4, 8, 8), "float32"))
+            lv1 = R.nn.conv2d(lv, w, padding=1)
+            lv2 = R.call_tir(cls.relu32, (lv1,), out_ty=R.Tensor((1, 8, 8, 8), "float32"))
+            gv = R.add(lv2, lv2)
+            R.output(gv)
+        return gv
+
+
 # fmt: on
 
 
@@ -112,3 +145,20 @@ def test_call_tir_inplace_is_fused_and_counted():
     vm = relax.VirtualMachine(tvm.compile(fused, "llvm"), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(p0)).numpy()
     np.testing.assert_allclose(out, np.exp(x + p0), rtol=1e-5)
+
+
+def _run(mod: tvm.IRModule, *arrays: np.ndarray) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    return vm["main"](*(tvm.runtime.tensor(a) for a in arrays)).numpy()
+
+
+def test_int32_primfunc_next_to_int64_op_is_not_grouped_across():
+    mod = _prepared(MixedIndexDtypes)
+    with pytest.raises(Exception, match="Inconsistent buffers"):  # TVM's own fusion
+        relax.transform.FuseTIR()(relax.transform.FuseOps()(mod))
+    fused = relax.transform.FuseTIR()(FuseByCostModel(ConstantCostModel(fuse=True))(mod))
+    assert relax.analysis.check_well_formed(fused)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 8, 4)).astype("float32")
+    w = rng.standard_normal((8, 4, 3, 3)).astype("float32")
+    np.testing.assert_allclose(_run(fused, x, w), _run(mod, x, w), rtol=1e-5, atol=1e-5)
