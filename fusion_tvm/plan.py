@@ -34,6 +34,10 @@ class GroupPlan:
     block_index: int = 0
     kernel: str = ""  # the PrimFunc that runs the group after FuseTIR
     scheduled_rule: str = ""  # the schedule rule that ran it (set after scheduling)
+    #: Bytes the kernel reads and writes outside itself (its inputs and published outputs),
+    #: wherever the cost model holds them; ``dram_bytes`` is the part that goes to DRAM
+    #: (0 when every tensor fits the last-level cache).
+    traffic_bytes: float = 0.0
 
     @property
     def display_rule(self) -> str:
@@ -126,8 +130,7 @@ class FusionPlan:
                 if not is_kernel(block.graph, g):
                     continue
                 cost = self.cost_model_obj.estimate(block.graph, g)
-                moved = cost.detail.get("in_bytes", 0.0) + cost.detail.get("out_bytes", 0.0)
-                total["traffic"] += moved or cost.dram_bytes
+                total["traffic"] += traffic_bytes(cost)
                 total["dram"] += cost.dram_bytes
         return total
 
@@ -153,12 +156,13 @@ class FusionPlan:
             f"symbolic dims evaluated at: {self.dims or 'none'}",
             "",
             f"{'#':>4}  {'kernel':<44} {'ops':>3}  {'rule':<15} {'pred us':>9} "
-            f"{'DRAM KB':>9}  bound",
+            f"{'mem KB':>9} {'DRAM KB':>9}  bound",
         ]
         for k, g in enumerate(self.groups[:max_rows]):
             lines.append(
                 f"{k:>4}  {g.name[:44]:<44} {len(g.ops):>3}  {g.display_rule:<15} "
-                f"{g.predicted_time_s * 1e6:>9.1f} {g.dram_bytes / 1024:>9.1f}  {g.bound}"
+                f"{g.predicted_time_s * 1e6:>9.1f} {g.traffic_bytes / 1024:>9.1f} "
+                f"{g.dram_bytes / 1024:>9.1f}  {g.bound}"
             )
         if len(self.groups) > max_rows:
             lines.append(f"  ... {len(self.groups) - max_rows} more")
@@ -222,6 +226,7 @@ def group_plan(
         rule=str(cost.detail.get("rule", "")),
         predicted_time_s=cost.time_s,
         dram_bytes=cost.dram_bytes,
+        traffic_bytes=traffic_bytes(cost),
         onchip_bytes=cost.onchip_bytes,
         flops=cost.flops,
         bound=cost.reason,
@@ -229,6 +234,13 @@ def group_plan(
         block_index=block_index,
         kernel=kernel or (graph.nodes[members[0]].func_name if len(members) == 1 else ""),
     )
+
+
+def traffic_bytes(cost) -> float:
+    """Bytes a kernel moves through memory (its external inputs and published outputs), as
+    the cost model books them; its DRAM bytes where the model does not split them out."""
+    moved = cost.detail.get("in_bytes", 0.0) + cost.detail.get("out_bytes", 0.0)
+    return float(moved or cost.dram_bytes)
 
 
 def is_kernel(graph: FusionGraph, group: frozenset[int]) -> bool:

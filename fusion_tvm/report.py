@@ -406,7 +406,8 @@ def _svg(plan: FusionPlan) -> tuple[str, float, float]:
             gp = plan.groups[k]
             color = group_color(k)
             tip = (f"kernel #{k}: {gp.name}\n{len(gp.ops)} ops, rule {gp.display_rule}, "
-                   f"{_fmt_time(gp.predicted_time_s)}, DRAM {_fmt_bytes(gp.dram_bytes)}\n"
+                   f"{_fmt_time(gp.predicted_time_s)}, memory {_fmt_bytes(gp.traffic_bytes)} "
+                   f"(DRAM {_fmt_bytes(gp.dram_bytes)})\n"
                    f"{gp.bound}")
             out = [f'<g class="group" data-group="{k}" tabindex="0" style="--c:{color}">',
                    f"<title>{_esc(tip)}</title>",
@@ -446,7 +447,8 @@ def _group_details(plan: FusionPlan) -> list[dict]:
             "index": k, "name": gp.name, "function": gp.function, "kind": gp.kind,
             "fuseops": _fuseops_note(plan.blocks[bi], g, labels, bi),
             "rule": gp.display_rule, "bound": gp.bound, "time": _fmt_time(gp.predicted_time_s),
-            "dram": _fmt_bytes(gp.dram_bytes), "onchip": _fmt_bytes(gp.onchip_bytes),
+            "dram": _fmt_bytes(gp.dram_bytes), "traffic": _fmt_bytes(gp.traffic_bytes),
+            "onchip": _fmt_bytes(gp.onchip_bytes),
             "gflop": gp.flops / 1e9, "color": group_color(k), "ops": ops,
             "boundaries": bounds.get(k, []),
         })
@@ -491,12 +493,13 @@ def _summary_rows(plan: FusionPlan) -> str:
 
 def _groups_table(plan: FusionPlan) -> str:
     rows = ["<tr><th>#</th><th>kernel</th><th>ops</th><th>rule</th><th>predicted</th>"
-            "<th>DRAM</th><th>bound</th></tr>"]
+            "<th>memory</th><th>DRAM</th><th>bound</th></tr>"]
     for k, g in enumerate(plan.groups):
         rows.append(
             f'<tr data-row="{k}"><td><span class="sw" style="background:{group_color(k)}">'
             f"</span>{k}</td><td class='mono'>{_esc(g.name)}</td><td>{len(g.ops)}</td>"
             f"<td>{_esc(g.display_rule)}</td><td>{_esc(_fmt_time(g.predicted_time_s))}</td>"
+            f"<td>{_esc(_fmt_bytes(g.traffic_bytes))}</td>"
             f"<td>{_esc(_fmt_bytes(g.dram_bytes))}</td><td>{_esc(g.bound)}</td></tr>")
     return "<table class='groups'>" + "".join(rows) + "</table>"
 
@@ -605,7 +608,8 @@ _JS = r"""
     var h = '<h3 style="color:'+g.color+'">kernel #'+k+'</h3>'
       + '<div class="mono">'+esc(g.name)+'</div><div class="kv" style="margin-top:8px">'
       + '<div>predicted</div><div><b>'+esc(g.time)+'</b></div>'
-      + '<div>DRAM traffic</div><div>'+esc(g.dram)+'</div>'
+      + '<div>memory traffic</div><div>'+esc(g.traffic)+'</div>'
+      + '<div>of it DRAM</div><div>'+esc(g.dram)+'</div>'
       + '<div>on-chip</div><div>'+esc(g.onchip)+'</div>'
       + '<div>work</div><div>'+(g.gflop >= 1 ? g.gflop.toFixed(2)+' GFLOP'
           : (g.gflop*1e3).toFixed(3)+' MFLOP')+'</div>'

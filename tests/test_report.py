@@ -99,6 +99,23 @@ def test_modeled_bytes(plan):
     assert ours["traffic"] == pytest.approx(direct)
 
 
+def test_every_kernel_shows_its_memory_traffic(plan):
+    """The detection head fits the last-level cache (0 B of DRAM in every kernel), so the
+    table and the report show each kernel's traffic through memory next to it: the bytes the
+    traffic model books for its inputs and outputs, summing to modeled_bytes()."""
+    assert all(g.dram_bytes == 0 for g in plan.groups)
+    assert all(g.traffic_bytes > 0 for g in plan.groups)
+    assert sum(g.traffic_bytes for g in plan.groups) == \
+        pytest.approx(plan.modeled_bytes("ours")["traffic"])
+    rows = plan.table().splitlines()
+    assert "mem KB" in rows[3] and "DRAM KB" in rows[3]
+    for k, g in enumerate(plan.groups):
+        assert f"{g.traffic_bytes / 1024:>9.1f} {0.0:>9.1f}" in rows[4 + k]
+    page = render_html(plan, title="detection head")
+    assert "<th>memory</th><th>DRAM</th>" in page and "memory traffic" in page
+    assert page.count('"traffic": "0 B"') == 0
+
+
 def test_text_report(plan):
     text = render_text(plan)
     assert plan.table() in text
