@@ -6,7 +6,9 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -121,24 +123,39 @@ def companion_json(artifact: str | os.PathLike) -> Path:
     return p.with_name(p.stem + ".plan.json") if p.suffix else p.with_name(p.name + ".plan.json")
 
 
+#: Lines TVM's C++ side logs on every build or export that tell a user nothing they can act
+#: on: a warning per constant with a memory scope on export / load, and topi's take in
+#: "fast" mode (our index checks range-check lookups before each run).
+TVM_NOISE = re.compile(r"(Warning: Scope (Saving|Loaded):|Warning: Fast mode segfaults when)")
+
+
 @contextlib.contextmanager
-def quiet_native_stderr() -> Iterator[None]:
-    """Silence what TVM's C++ side writes to file descriptor 2 meanwhile (``export_library``
-    logs a ``Scope Saving:`` warning per constant, loading one ``Scope Loaded:``); Python's
-    own ``sys.stderr`` is left alone. A no-op where fd 2 cannot be redirected."""
+def tvm_noise_filtered() -> Iterator[None]:
+    """Hold what is written to file descriptor 2 meanwhile (TVM's C++ log goes there, not
+    through ``sys.stderr``) and write it back afterwards without :data:`TVM_NOISE` lines.
+    Anything else, Python's own warnings included, still reaches stderr. A no-op where fd 2
+    cannot be redirected."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
     except (OSError, ValueError):
         yield
         return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
             yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [ln for ln in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not TVM_NOISE.search(ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 class CompiledModel:
@@ -361,7 +378,7 @@ class CompiledModel:
         and its signature and plan as ``<name>.plan.json`` beside it (what :func:`load`
         reads back)."""
         path = os.fspath(path)
-        with quiet_native_stderr():  # a "Scope Saving:" warning per constant otherwise
+        with tvm_noise_filtered():  # a "Scope Saving:" warning per constant otherwise
             self.executable.export_library(path)
         companion_json(path).write_text(
             json.dumps(self.signature_json(), indent=2, default=_json_default))
@@ -429,7 +446,7 @@ def load(path: str | os.PathLike, device=None) -> CompiledModel:
         raise UserInputError(f"'{meta_path}' is not a plan JSON written by export(): "
                              f"{err}") from None
     try:
-        with quiet_native_stderr():  # "Scope Loaded:" otherwise
+        with tvm_noise_filtered():  # "Scope Loaded:" otherwise
             lib = tvm.runtime.load_module(str(path))
     except Exception as err:  # noqa: BLE001 - TVM reports a bad file as assorted errors
         raise UserInputError(f"cannot load '{path}': {str(err).strip().splitlines()[-1]}") \
@@ -537,13 +554,15 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     resolved = resolve(target, hw)
 
     def phases(config: SearchConfig | None, prepared: tvm.IRModule | None = None):
-        return run_phases(loaded.mod, resolved, fusion=fusion_mode(fusion), schedule=schedule,
-                          cost_model=cost_model, shape_hints=shape_hints, config=config,
-                          database=database, prepared=prepared)
+        with tvm_noise_filtered():
+            return run_phases(loaded.mod, resolved, fusion=fusion_mode(fusion), schedule=schedule,
+                              cost_model=cost_model, shape_hints=shape_hints,
+                              config=config, database=database, prepared=prepared)
 
     def build(phased):
-        return tvm.compile(phased.mod, target=phased.parts.target,
-                           relax_pipeline=phased.parts.lower)
+        with tvm_noise_filtered():
+            return tvm.compile(phased.mod, target=phased.parts.target,
+                               relax_pipeline=phased.parts.lower)
 
     result = phases(search)
     if verify is not None:
