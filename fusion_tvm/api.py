@@ -116,6 +116,13 @@ def _type_specs(ty, names: Sequence[str]) -> list[TensorSpec]:
     return specs
 
 
+def model_signature(loaded: LoadedModel) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """A loaded model's inputs and outputs (names, shapes with symbolic dims, dtypes)."""
+    inputs = [TensorSpec(n, tuple(s), d) for n, s, d in zip(
+        loaded.input_names, loaded.input_shapes, loaded.input_dtypes, strict=True)]
+    return inputs, _type_specs(loaded.mod["main"].ret_ty, loaded.output_names)
+
+
 def companion_json(artifact: str | os.PathLike) -> Path:
     """``model.so`` -> ``model.plan.json``: the signature and plan written beside a library
     by :meth:`CompiledModel.export` (and ``fusion-tvm compile``)."""

@@ -252,10 +252,13 @@ def cmd_plan(args, progress: Progress) -> int:
     else:
         plan = search_plan(loaded, args.target, args.hw, cost_hints(hints), progress)
     if args.html:
+        from .api import model_signature
         from .report import render_html
 
+        ins, outs = model_signature(loaded)
         with progress.step(f"writing {args.html}"):
-            _write_text(args.html, render_html(plan, title=Path(args.model).name), "report")
+            _write_text(args.html, render_html(plan, title=Path(args.model).name, inputs=ins,
+                                               outputs=outs), "report")
     if args.json:
         data = _plan_json(plan, loaded, args.model, hints)
         if args.why:
@@ -698,7 +701,8 @@ def cmd_profile(args, progress: Progress) -> int:
         from .report import render_html
 
         with progress.step(f"writing {args.html}"):
-            _write_text(args.html, render_html(cm.plan, title=name, profile=prof), "report")
+            _write_text(args.html, render_html(cm.plan, title=name, profile=prof,
+                                               inputs=cm.inputs, outputs=cm.outputs), "report")
     if to_stdout:
         _emit_json(prof.to_json())
         return EXIT_OK

@@ -486,7 +486,9 @@ def _summary_rows(plan: FusionPlan) -> str:
     head = "".join(f"<th>{_esc(c)}</th>" for c in rows[0])
     body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>"
                    for r in rows[1:])
-    body += (f'<tr class="speed"><td colspan="3">predicted speedup vs FuseOps</td>'
+    # a predicted slowdown reads as one: red, not the bold green of a speedup
+    slow = " slow" if plan.predicted_speedup and plan.predicted_speedup < 1 else ""
+    body += (f'<tr class="speed{slow}"><td colspan="3">predicted speedup vs FuseOps</td>'
              f"<td>{_esc(speed)}</td></tr>")
     return f"<table class='summary'><tr>{head}</tr>{body}</table>"
 
@@ -556,6 +558,13 @@ th{color:#6a7386;font-weight:600}
 table.summary td:not(:first-child),table.summary th{text-align:right;white-space:nowrap}
 table.summary th:first-child{text-align:left}
 tr.speed td{font-weight:700;color:#0a7a45;border-bottom:0}
+tr.speed.slow td{color:#b42318}
+svg.fit{max-width:100%;height:auto}
+.zoom{float:right;margin-top:-4px}
+.zoom button{font:12px system-ui,sans-serif;margin-left:4px;padding:2px 8px;cursor:pointer;
+ border:1px solid #c4cad6;border-radius:4px;background:#fff}
+.zoom button.on{background:#1d2330;color:#fff;border-color:#1d2330}
+table.sig td:last-child{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 table.groups tr[data-row]{cursor:pointer}
 table.groups tr[data-row]:hover,table.groups tr.sel{background:#eef3ff}
 .mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;
@@ -638,6 +647,17 @@ _JS = r"""
     e.addEventListener('click', function(){show(+k);});
     e.addEventListener('keydown', function(ev){if(ev.key==='Enter') show(+k);});
   });
+  // zoom: "fit" scales the graph to the card's width (every kernel in view), "100%" is
+  // the drawing's own size, panned by scrolling the card
+  var graph = document.getElementById('graph');
+  document.querySelectorAll('.zoom button').forEach(function(b){
+    b.addEventListener('click', function(){
+      var fit = b.getAttribute('data-zoom') === 'fit';
+      graph.classList.toggle('fit', fit);
+      document.querySelectorAll('.zoom button').forEach(function(o){
+        o.classList.toggle('on', o === b);});
+    });
+  });
   document.body.setAttribute('data-ready', String(data.groups.length));
   var m = /g=(\d+)/.exec(location.hash);  // report.html#g=3 opens kernel 3
   if(data.groups.length) show(m && +m[1] < data.groups.length ? +m[1] : 0);
@@ -645,8 +665,26 @@ _JS = r"""
 """
 
 
+def _signature(inputs, outputs) -> str:
+    """The model's inputs and outputs as a small table (nothing when neither is known)."""
+    if not inputs and not outputs:
+        return ""
+
+    def row(kind: str, t) -> str:
+        d = t if isinstance(t, dict) else (
+            t.to_json() if hasattr(t, "to_json") else {"name": str(t)})
+        shape = d.get("shape")
+        dims = "?" if shape is None else ", ".join(map(str, shape))
+        return (f"<tr><td>{kind}</td><td class='mono'>{_esc(d['name'])}</td>"
+                f"<td>{_esc(d.get('dtype') or 'any')}[{_esc(dims)}]</td></tr>")
+
+    rows = [row("input", t) for t in inputs or ()] + [row("output", t) for t in outputs or ()]
+    return (f'<section class="card" style="margin-top:16px" id="signature"><h2>model</h2>'
+            f"<table class='sig'>{''.join(rows)}</table></section>")
+
+
 def render_html(plan: FusionPlan, title: str = "fusion plan",
-                profile: ModelProfile | None = None) -> str:
+                profile: ModelProfile | None = None, inputs=None, outputs=None) -> str:
     """One self-contained HTML page: the graph as inline SVG, per-kernel details, summary.
 
     Parameters
@@ -658,6 +696,11 @@ def render_html(plan: FusionPlan, title: str = "fusion plan",
     profile : ModelProfile, optional
         The measured profile of the model built from ``plan``
         (:meth:`~fusion_tvm.api.CompiledModel.profile`): shown as a table of its own.
+    inputs, outputs : sequence, optional
+        The model's inputs and outputs (:attr:`CompiledModel.inputs
+        <fusion_tvm.api.CompiledModel.inputs>` / ``outputs``, or dicts with ``name``,
+        ``shape``, ``dtype``; a bare name for an output of unknown shape): shown beside the
+        summary.
 
     Returns
     -------
@@ -682,15 +725,17 @@ def render_html(plan: FusionPlan, title: str = "fusion plan",
 <body>
 <header><h1>{_esc(title)} — fusion plan</h1><div class="meta">{meta}</div></header>
 <main>
-<section class="card graph"><h2>kernels ({len(plan.groups)})</h2>
-<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}"
- viewBox="0 0 {w:.0f} {h:.0f}" role="img" aria-label="fusion graph">{svg}</svg>
+<section class="card graph"><div class="zoom"><button data-zoom="fit" class="on">fit width
+</button><button data-zoom="1">100%</button></div><h2>kernels ({len(plan.groups)})</h2>
+<svg xmlns="http://www.w3.org/2000/svg" id="graph" class="fit" width="{w:.0f}"
+ height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}" role="img" aria-label="fusion graph">{svg}</svg>
 <div class="legend">Each coloured box is one kernel; its ops run top to bottom. Dashed curves
 carry a tensor through memory between kernels; grey dashed ops are not kernels (tuples,
 views). Click a kernel for its details and the reason for each boundary.</div>
 </section>
 <aside>
 <section class="card"><h2>summary</h2>{_summary_rows(plan)}</section>
+{_signature(inputs, outputs)}
 <section class="card" style="margin-top:16px"><h2>details</h2>
 <div id="details"><div class="empty">Click a kernel.</div></div></section>
 </aside>

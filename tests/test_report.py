@@ -136,6 +136,34 @@ def test_html_is_self_contained_and_draws_every_group(plan):
     assert "<svg" in page and "predicted speedup vs FuseOps" in page
 
 
+def test_html_shows_the_model_signature_and_colours_a_slowdown(plan):
+    import copy
+
+    from fusion_tvm.api import TensorSpec
+
+    ins = [TensorSpec("images", ("N", 3, 64, 64), "float32")]
+    page = render_html(plan, title="head", inputs=ins, outputs=[{"name": "boxes"}])
+    sig = page[page.index('id="signature"'):]
+    assert "images" in sig and "float32[N, 3, 64, 64]" in sig and "boxes" in sig
+    assert "any[?]" in sig  # an output of unknown shape says so
+    assert 'id="signature"' not in render_html(plan)  # nothing to show, no empty card
+    assert plan.predicted_speedup > 1 and '<tr class="speed">' in page
+    slower = copy.copy(plan)
+    slower.fuseops_time_s = plan.predicted_time_s / 2
+    page = render_html(slower)
+    assert '<tr class="speed slow">' in page and "tr.speed.slow td{color:#b42318}" in page
+
+
+def test_html_graph_fits_the_window_by_default(plan):
+    """The SVG is drawn at its own size but shown scaled to the card's width (class fit:
+    max-width 100%, viewBox kept), with a 100% button to zoom back and pan by scrolling."""
+    page = render_html(plan)
+    svg = re.search(r"<svg [^>]*>", page).group(0)
+    assert 'class="fit"' in svg and re.search(r'viewBox="0 0 \d+ \d+"', svg)
+    assert "svg.fit{max-width:100%;height:auto}" in page
+    assert 'data-zoom="fit"' in page and 'data-zoom="1"' in page
+
+
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
