@@ -59,15 +59,53 @@ def _find(plan: FusionPlan, name: str) -> tuple[BlockPlan, int]:
         for node in block.graph.nodes:
             if node.func_name == name:
                 return block, node.id
-    known = ", ".join(op_names(plan)[:30])
-    raise UserInputError(f"no op named '{name}' in the plan; ops include: {known}")
+    found = _find_kernel(plan, name)
+    if found is not None:
+        return found
+    raise UserInputError(unknown_name_message(plan, name))
+
+
+def _find_kernel(plan: FusionPlan, name: str) -> tuple[BlockPlan, int] | None:
+    """The first op of the kernel ``name`` names: its row in the plan table (``#3``), its
+    name there, or its PrimFunc after FuseTIR (as the profile shows it)."""
+    if name.startswith("#") and name[1:].isdigit():
+        row = int(name[1:])
+        group = plan.groups[row] if row < len(plan.groups) else None
+    else:
+        group = next((g for g in plan.groups if name in (g.name, g.kernel)), None)
+    if group is None or not group.node_ids:
+        return None
+    block = next((b for b in plan.blocks if b.function == group.function
+                  and b.block_index == group.block_index), None)
+    if block is None:
+        return None
+    ops = [i for i in group.node_ids if block.graph.nodes[i].info is not None]
+    return block, (ops or group.node_ids)[0]
+
+
+def unknown_name_message(plan: FusionPlan, name: str) -> str:
+    """The error for a name no op has: the nearest names, and how ops can be named."""
+    import difflib
+
+    names = op_names(plan) + [n.func_name for b in plan.blocks for n in b.graph.nodes
+                              if n.info is not None]
+    names += [g.name for g in plan.groups] + [g.kernel for g in plan.groups if g.kernel]
+    near = difflib.get_close_matches(name, list(dict.fromkeys(names)), n=6, cutoff=0.5)
+    hint = f"did you mean {', '.join(near)}? " if near else ""
+    kernels = ", ".join(f"#{k} {g.name}" for k, g in enumerate(plan.groups[:6]))
+    more = f", ... ({len(plan.groups)} kernels)" if len(plan.groups) > 6 else ""
+    return (f"no op named '{name}' in the plan; {hint}Name an op by its Relax binding "
+            f"(e.g. {names[0] if names else 'lv3'}) or PrimFunc name, or a kernel by its "
+            f"row in the plan table (#0), its name there or its fused PrimFunc; kernels: "
+            f"{kernels}{more}")
 
 
 def explain(plan: FusionPlan, op_a: str, op_b: str) -> Explanation:
     """Explain whether and why ``op_a`` and ``op_b`` share a kernel.
 
-    Ops are named by their Relax binding (``lv12``) or PrimFunc (``conv2d1``) name, as the
-    plan table shows them.
+    Ops are named by their Relax binding (``lv12``) or PrimFunc (``conv2d1``) name; a kernel
+    by its row in the plan table (``#3``), its name there or its fused PrimFunc (its first
+    op stands for it). An unknown name is a :class:`UserInputError` naming the nearest ones.
     """
     block_a, a = _find(plan, op_a)
     block_b, b = _find(plan, op_b)

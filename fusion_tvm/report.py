@@ -89,7 +89,7 @@ def explain_ops(plan: FusionPlan, op_a: str, op_b: str) -> tuple[Explanation, li
                                  "(name one with its label to choose)")
                 bi, n = hits[0]
                 return labels[(bi, n.id)]
-        return name  # explain() raises the user error listing the known names
+        return name  # a kernel's name or row, resolved by explain(); else its user error
 
     label_a, label_b = resolve(op_a), resolve(op_b)
     exp = explain(view, label_a, label_b)

@@ -69,6 +69,32 @@ def test_ambiguous_names_are_resolved_and_reported(plan):
     assert exp.reason
 
 
+def test_explain_takes_kernel_rows_and_names(plan):
+    """A kernel is named by its plan row (#k), its table name or its fused PrimFunc; its
+    first op stands for it, so two kernels are explained like two of their ops."""
+    from fusion_tvm.explain import explain
+
+    by_ops = explain_ops(plan, "conv2d_nchwc1", "conv2d_nchwc2")[0]
+    for a, b in (("#1", "#2"), (plan.groups[1].name, plan.groups[2].name)):
+        exp = explain(plan, a, b)
+        assert not exp.fused and exp.reason == by_ops.reason
+        assert exp.group_a == by_ops.group_a and exp.group_b == by_ops.group_b
+    assert explain(plan, "#1", plan.groups[1].ops[-1]).fused
+
+
+def test_unknown_op_names_the_nearest_ones(plan):
+    from fusion_tvm.errors import UserInputError
+
+    with pytest.raises(UserInputError) as err:
+        explain_ops(plan, "conv2d_nchwc99", "conv2d_nchwc1")
+    msg = str(err.value)
+    assert "no op named 'conv2d_nchwc99'" in msg and "did you mean" in msg
+    assert "conv2d_nchwc9" in msg.split("did you mean")[1].split("?")[0]
+    assert "#0 " + plan.groups[0].name in msg and "(#0)" in msg
+    with pytest.raises(UserInputError, match="no op named '#99'"):
+        explain_ops(plan, "#99", "#1")
+
+
 def test_layout_boxes_do_not_overlap(plan):
     index = {key: k for k, key in enumerate(kernel_groups(plan))}
     boxes, pos, width, height = _layout_block(plan.blocks[0], 0, index, 0.0)
