@@ -217,10 +217,11 @@ def search_plan(loaded, target: str, hw: str | None, shape_hints: dict,
                 progress: Progress):
     """The plan of the partition ``compile`` builds: the phases up to scheduling (with its
     feedback), no code generated."""
+    from .api import tvm_noise_filtered
     from .pipeline import resolve, run_phases
 
     resolved = resolve(target, hw)
-    with progress.step(f"searching fusion plan ({resolved.hw.name})"):
+    with progress.step(f"searching fusion plan ({resolved.hw.name})"), tvm_noise_filtered():
         return run_phases(loaded.mod, resolved, shape_hints=shape_hints).plan
 
 

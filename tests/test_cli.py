@@ -251,3 +251,10 @@ def test_internal_errors_exit_1_and_debug_shows_tracebacks(monkeypatch, capsys):
     # --debug also shows where a user error came from
     assert main(["--debug", "plan", "nope.onnx"]) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_plan_prints_no_tvm_noise():
+    """`plan` runs the phases without TVM's C++ warnings (BERT-tiny's legalized take logged
+    five 'Fast mode segfaults' lines); with -q stderr is empty."""
+    res = ok(cli("plan", ROOT / "tests" / "data" / "bert_tiny.onnx", "--hw", HW, "-q"))
+    assert res.stderr == "" and "kernels:" in res.stdout
