@@ -22,6 +22,7 @@ from tvm import relax
 from .errors import InputMismatchError, UserInputError
 from .frontend import LoadedModel, load_model, load_torch
 from .frontend.index_checks import gather_index_ranges
+from .frontend.loaded import bind_params
 from .graph import default_dims, is_kernel_call
 from .hardware import HardwareSpec
 from .pipeline import FusionMode, fusion_mode, resolve, run_phases
@@ -497,6 +498,7 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     specialize: Mapping[str, Sequence[int]] | None = None,
     tuning_db: str | os.PathLike | TuningDatabase | None = None,
     verify: str | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> CompiledModel:
     """Compile a model with cost-model-driven fusion.
 
@@ -537,12 +539,19 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         (:data:`fusion_tvm.verify.VERIFY_BAND`), build both and keep the one measured
         faster on the device (``plan.verified``); see :mod:`fusion_tvm.verify`. Needs
         ``fusion="cost"`` and a target that runs here (llvm, or cuda with a GPU).
+    params : mapping, optional
+        Relax modules whose ``main`` takes its weights as parameters (``num_input``):
+        arrays bound to those parameters by name at compile time (constants: folded and
+        packed, not fed again). Parameters left unbound are fed at run time after the
+        inputs, as mlc-llm passes weights; ``input_names`` lists them.
 
     Returns
     -------
     CompiledModel
     """
     start = time.perf_counter()
+    if params:
+        model = bind_params(model, params)
     verify = check_verify(verify)
     if hasattr(model, "forward") and hasattr(model, "parameters"):
         if example_inputs is None:

@@ -534,10 +534,12 @@ class _WithWeights:
         return y
 
 
-def test_irmodule_weights_after_num_input_are_not_inputs():
+def test_irmodule_weights_after_num_input_are_fed_after_the_inputs():
+    # The VM's main takes every parameter: weights are fed at run time after the inputs
+    # (or bound at compile time with compile(..., params=...)); issue 24.
     loaded = load_model(_WithWeights)
-    assert loaded.input_names == ("x",)
-    assert loaded.input_shapes == ((1, 4),)
+    assert loaded.input_names == ("x", "w")
+    assert loaded.input_shapes == ((1, 4), (4, 2))
 
 
 def test_irmodule_without_main():

@@ -162,3 +162,29 @@ def test_int32_primfunc_next_to_int64_op_is_not_grouped_across():
     x = rng.standard_normal((1, 8, 8, 4)).astype("float32")
     w = rng.standard_normal((8, 4, 3, 3)).astype("float32")
     np.testing.assert_allclose(_run(fused, x, w), _run(mod, x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_as_parameters_run_or_bind():
+    """A module whose main takes its weights (num_input): feed them at run time, or bind
+    them at compile time with params=."""
+    import fusion_tvm
+
+    rng = np.random.default_rng(0)
+    inp_0 = rng.standard_normal((1, 784)).astype("float32")
+    inp_1 = rng.standard_normal((1, 128)).astype("float32")
+    weights = {
+        "linear1_bias": rng.standard_normal(128).astype("float32"),
+        "linear1_weight": rng.standard_normal((128, 784)).astype("float32"),
+        "linear2_bias": rng.standard_normal(10).astype("float32"),
+        "linear2_weight": rng.standard_normal((10, 128)).astype("float32"),
+    }
+    expected = inp_1 @ weights["linear2_weight"].T + weights["linear2_bias"]
+    cm = fusion_tvm.compile(DeadGroup, hw="ci-x86-avx2")
+    assert cm.input_names[:2] == ("inp_0", "inp_1") and len(cm.input_names) == 6
+    out = cm.run({"inp_0": inp_0, "inp_1": inp_1, **weights})
+    np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-4)
+    bound = fusion_tvm.compile(DeadGroup, hw="ci-x86-avx2", params=weights)
+    assert bound.input_names == ("inp_0", "inp_1")
+    np.testing.assert_allclose(bound.run([inp_0, inp_1])[0], expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(fusion_tvm.errors.UserInputError, match="not parameters"):
+        fusion_tvm.compile(DeadGroup, params={"nope": inp_0})

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
+import tvm
 from tvm import IRModule, relax, tirx
 
 from ..errors import UserInputError
@@ -21,9 +24,12 @@ class LoadedModel:
     ----------
     mod : tvm.IRModule
         Relax module whose ``main`` takes the inputs in ``input_names`` order. Weights are
-        embedded as constants.
+        embedded as constants (ONNX, torch) or are parameters of ``main``.
     input_names : tuple of str
-        Model input names in parameter order (the ONNX names, before any sanitizing).
+        Model input names in parameter order (the ONNX names, before any sanitizing). For
+        a Relax module whose ``main`` takes its weights as parameters (``num_input``
+        attribute, as mlc-llm and TVM's frontends write them): every parameter, the real
+        inputs first, then the weights not bound by ``compile(..., params=...)``.
     input_shapes : tuple of tuple of (int or str)
         Static dims as ints, symbolic dims by name (``"batch"``, ``"sequence"``).
     input_dtypes : tuple of str
@@ -51,6 +57,39 @@ def from_irmodule(mod: IRModule, source: Source) -> LoadedModel:
     return describe(mod, source, names, outputs)
 
 
+def bind_params(mod: IRModule, params: Mapping[str, Any]) -> IRModule:
+    """``mod`` with the named parameters of ``main`` bound to constants (weights bound at
+    compile time: folded and packed by the pipeline, no longer fed at run time).
+
+    ``params`` maps parameter names to arrays (numpy or TVM tensors); a name ``main`` does
+    not take, or an array whose shape or dtype disagrees with the parameter, is refused.
+    """
+    if not isinstance(mod, IRModule):
+        raise UserInputError("params= binds parameters of a Relax IRModule's main; "
+                             f"got a {type(mod).__name__}")
+    main = _main_function(mod)
+    by_name = {p.name: p for p in main.params}
+    unknown = sorted(set(params) - set(by_name))
+    if unknown:
+        raise UserInputError(f"params {unknown} are not parameters of main; it takes "
+                             f"{list(by_name)}")
+    arrays = {}
+    for name, value in params.items():
+        arr = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        ty = by_name[name].ty
+        want = _dims(ty) if isinstance(ty, relax.TensorType) else ()
+        if (isinstance(ty, relax.TensorType) and ty.dtype is not None
+                and str(arr.dtype) != str(ty.dtype)):
+            raise UserInputError(f"param '{name}' has dtype {arr.dtype}, main expects "
+                                 f"{ty.dtype}")
+        if want and (len(want) != arr.ndim or any(
+                isinstance(w, int) and w != g for w, g in zip(want, arr.shape, strict=False))):
+            raise UserInputError(f"param '{name}' has shape {arr.shape}, main expects "
+                                 f"{tuple(want)}")
+        arrays[name] = tvm.runtime.tensor(np.ascontiguousarray(arr))
+    return relax.transform.BindParams("main", arrays)(mod)
+
+
 def _main_function(mod: IRModule) -> relax.Function:
     if not any(gv.name_hint == "main" for gv in mod.get_global_vars()):
         raise UserInputError("the IRModule has no function 'main'")
@@ -69,9 +108,9 @@ def _check_well_formed(mod: IRModule) -> None:
 
 
 def _user_params(main: relax.Function) -> list[relax.Var]:
-    # Modules that take weights as parameters mark how many leading ones are real inputs.
-    num_inputs = int(main.attrs["num_input"]) if main.attrs and "num_input" in main.attrs else None
-    return list(main.params)[:num_inputs]
+    # Modules that take weights as parameters mark how many leading ones are real inputs
+    # (``num_input``); the VM's ``main`` still takes them all, so a run feeds them all.
+    return list(main.params)
 
 
 def describe(mod: IRModule, source: Source, input_names, output_names) -> LoadedModel:
