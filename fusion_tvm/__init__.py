@@ -23,7 +23,7 @@ from .cost_models import (
 from .errors import FusionTVMError, UserInputError
 from .frontend import load_model
 from .passes.fuse_by_cost_model import FuseByCostModel
-from .pipeline import build_pipeline, make_pipeline
+from .pipeline import build_pipeline, host_target, make_pipeline
 from .plan import FusionPlan
 from .search import SearchConfig
 from .targets.base import get_backend, list_backends, register_backend
@@ -47,6 +47,7 @@ __all__ = [
     "get_backend",
     "get_cost_model",
     "get_hardware",
+    "host_target",
     "list_backends",
     "list_cost_models",
     "list_hardware",

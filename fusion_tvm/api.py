@@ -486,7 +486,7 @@ def flatten_outputs(value) -> list[np.ndarray]:
 
 def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     model: Any,
-    target: str | None = None,
+    target: str | Mapping | tvm.target.Target | None = None,
     hw: str | HardwareSpec | None = None,
     fusion: str | FusionMode = "cost",
     schedule: bool = True,
@@ -506,8 +506,11 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     ----------
     model : str, os.PathLike, onnx.ModelProto, tvm.IRModule or torch.nn.Module
         The model. A torch module needs ``example_inputs``.
-    target : str, optional
-        ``"llvm"`` (default: the host CPU), ``"cuda"`` or ``"hls"``.
+    target : str, mapping or tvm.target.Target, optional
+        ``"llvm"`` (default: the host CPU), ``"cuda"`` or ``"hls"``, or a TVM target or its
+        JSON dict (``{"kind": "llvm", "mcpu": "znver4"}``: code for that CPU, with its
+        preset when there is one; an llvm target without mcpu gets the host's). A bad
+        target raises :class:`~fusion_tvm.errors.InvalidTargetError`.
     hw : str or HardwareSpec, optional
         Hardware preset name, JSON file or spec; the backend's default when None.
     fusion : {"cost", "fuseops", "none"}

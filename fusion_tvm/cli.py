@@ -288,10 +288,10 @@ def cmd_plan(args, progress: Progress) -> int:
 def _check_target_hw(args) -> None:
     """Resolve --target / --hw (and --verify) before the (slow) import so their errors come
     first."""
+    from .pipeline import backend_name
     from .presets import get_hardware
-    from .targets.base import get_backend
 
-    get_backend(args.target)
+    backend_name(args.target)
     if args.hw is not None:
         get_hardware(args.hw)
     if getattr(args, "verify", None) is not None:
@@ -311,7 +311,7 @@ def cmd_compile(args, progress: Progress) -> int:
     """Build, export the library and write the plan JSON next to it."""
     import fusion_tvm
 
-    from .targets.base import get_backend
+    from .pipeline import backend_name
 
     hints = parse_shape_hints(args.shape)
     _check_target_hw(args)
@@ -320,7 +320,7 @@ def cmd_compile(args, progress: Progress) -> int:
     loaded = _load(args.model, progress)
     shape_hints = check_hints(hints, loaded)
     model, extra = loaded.mod, {}
-    if get_backend(args.target).name == "hls":
+    if backend_name(args.target) == "hls":
         # HLS designs are static: --shape fixes symbolic dims instead of just pricing them
         model = str(args.model)
         fixed = {n: [shape_hints.get(d, d) if isinstance(d, str) else d for d in shape]
@@ -679,11 +679,11 @@ def cmd_profile(args, progress: Progress) -> int:
 
     if args.repeat < 1:
         raise UserInputError(f"--repeat must be at least 1, got {args.repeat}")
-    from .targets.base import get_backend
+    from .pipeline import backend_name
 
     hints = parse_shape_hints(args.shape)
     _check_target_hw(args)
-    if get_backend(args.target).name != "llvm":
+    if backend_name(args.target) != "llvm":
         raise UserInputError(f"profile times kernels on this CPU: --target llvm, not "
                              f"'{args.target}'")
     to_stdout = args.json or args.json_out == "-"
@@ -831,7 +831,9 @@ def _common(json_flag: bool = True) -> argparse.ArgumentParser:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model file")
-    p.add_argument("--target", default="llvm", help="llvm (default), cuda or hls")
+    p.add_argument("--target", default="llvm",
+                   help="llvm (default), cuda or hls, or a TVM target as JSON "
+                        "('{\"kind\": \"llvm\", \"mcpu\": \"znver4\"}')")
     p.add_argument("--hw", default=None,
                    help="hardware preset (see 'hw list') or a spec .json; default: the "
                         "target's default")

@@ -36,6 +36,11 @@ class UnknownNameError(UserInputError):
     """An unknown target, preset, cost model or backend name was given."""
 
 
+class InvalidTargetError(UserInputError):
+    """A target cannot be used: a malformed TVM target or JSON dict, or a kind with no
+    fusion_tvm backend."""
+
+
 class InputMismatchError(UserInputError):
     """Run-time inputs do not match the model (count, name, shape or dtype)."""
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,7 +32,7 @@ import tvm
 from tvm import relax
 
 from .cost_models.base import CostModel, get_cost_model
-from .errors import UnknownNameError, UserInputError
+from .errors import InvalidTargetError, UnknownNameError
 from .hardware import HardwareSpec
 from .legality import FusionKinds
 from .passes.apply_target_schedule import ApplyTargetSchedule
@@ -46,7 +48,7 @@ from .passes.prepack_weights import PrepackWeights
 from .passes.sort_shape_func_stores import SortShapeFuncStores
 from .passes.split_to_slices import SplitToSlices
 from .plan import FusionPlan
-from .presets import get_hardware, list_hardware
+from .presets import get_hardware, host_cpu_name, list_hardware
 from .search import SearchConfig
 from .targets.base import Backend, catch_all_names, get_backend
 from .targets.schedule import applied_rules
@@ -160,31 +162,84 @@ class Resolved:
     target: tvm.target.Target
 
 
-def resolve(target: str | Backend | tvm.target.Target | Resolved | None = None,
+def parse_target(target):
+    """A TVM ``Target`` for a JSON target dict (or its JSON text, as the CLI passes it);
+    other values (names, backends, targets, None) unchanged. Malformed ones raise
+    :class:`InvalidTargetError`."""
+    if isinstance(target, str) and target.lstrip().startswith("{"):
+        try:
+            target = json.loads(target)
+        except json.JSONDecodeError as err:
+            raise InvalidTargetError(f"target {target!r} is not valid JSON: {err}") from None
+    if isinstance(target, Mapping):
+        try:
+            return tvm.target.Target(dict(target))
+        except Exception as err:  # noqa: BLE001 - TVM reports bad targets as assorted errors
+            lines = str(err).strip().splitlines() or [type(err).__name__]
+            raise InvalidTargetError(f"invalid target {dict(target)}: {lines[-1]}") from None
+    return target
+
+
+def backend_name(target) -> str:
+    """The fusion_tvm backend a target (name, JSON dict, TVM ``Target``) runs on."""
+    target = parse_target(target)
+    if isinstance(target, tvm.target.Target):
+        return _backend_of(target, None)[0]
+    return get_backend(target if target is not None else "llvm").name
+
+
+def resolve(target: str | Mapping | Backend | tvm.target.Target | Resolved | None = None,
             hw: str | HardwareSpec | None = None) -> Resolved:
     """Backend, hardware spec and TVM target from what a user names.
 
     ``target`` is a backend name (``"llvm"``, ``"cuda"``, ``"hls"``), a :class:`Backend`,
-    or a TVM ``Target`` (``Target({"kind": "cuda", "arch": "sm_90"})``: the CUDA backend,
-    with the GPU preset of that arch unless ``hw`` names one); None is the host CPU.
+    a TVM ``Target`` or its JSON dict: ``{"kind": "cuda", "arch": "sm_90"}`` is the CUDA
+    backend with the GPU preset of that arch unless ``hw`` names one;
+    ``{"kind": "llvm", "mcpu": "znver4"}`` builds for that CPU, with the preset of that
+    CPU (the host's when it is the host's) unless ``hw`` names one. An llvm target that
+    names no CPU gets the host's (generic x86-64 code runs fp16 ~100x slower). None is the
+    host CPU.
     """
     if isinstance(target, Resolved):
         return target
+    target = parse_target(target)
+    user_target = None
     if isinstance(target, tvm.target.Target):
+        user_target = target
         target, hw = _backend_of(target, hw)
     backend = get_backend(target if target is not None else "llvm")
     spec = get_hardware(hw if hw is not None else backend.default_hardware)
-    return Resolved(backend, spec, backend.target(spec))
+    tvm_target = backend.target(spec)
+    if user_target is not None and "mcpu" in user_target.attrs and backend.name == "llvm":
+        tvm_target = user_target
+    return Resolved(backend, spec, tvm_target)
+
+
+def _cpu_preset(mcpu: str) -> str | None:
+    """The hardware preset of a CPU named by LLVM's mcpu: the host when it is the host's,
+    else a preset built for it; None when none is."""
+    if mcpu == host_cpu_name():
+        return "host"
+    for name in list_hardware():
+        if name == "host":
+            continue
+        spec = get_hardware(name)
+        if spec.kind.value == "cpu" and dict(spec.target).get("mcpu") == mcpu:
+            return name
+    return None
 
 
 def _backend_of(target: tvm.target.Target, hw) -> tuple[str, str | HardwareSpec | None]:
     """The backend name a TVM target's kind maps to, and ``hw`` (for a CUDA target named
-    by arch alone: the GPU preset of that arch, when there is one)."""
+    by arch alone: the GPU preset of that arch, when there is one; for an llvm target
+    with an mcpu: the preset of that CPU)."""
     kind = target.kind.name
     if kind in ("llvm", "c"):
+        if hw is None and "mcpu" in target.attrs:
+            hw = _cpu_preset(str(target.attrs["mcpu"]))
         return "llvm", hw
     if kind != "cuda":
-        raise UserInputError(
+        raise InvalidTargetError(
             f"target kind '{kind}' has no fusion_tvm backend; use an llvm or cuda target")
     arch = str(target.attrs["arch"]) if "arch" in target.attrs else ""
     if hw is None and arch:
@@ -363,6 +418,15 @@ def build_pipeline(
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         chosen = target if target is not None else tvm.target.Target.current(allow_none=True)
         resolved = resolve(chosen, hw)
+        if _names_no_cpu(chosen) and resolved.backend.name == "llvm":
+            # tvm.compile generates code for its own target after this pass: we cannot
+            # change that, only schedule for the host and say how to get host code.
+            warnings.warn(
+                f"fusion_tvm: target {str(chosen)!r} names no CPU: kernels are scheduled "
+                f"for the host ({resolved.target.attrs.get('mcpu', '')}) but LLVM emits "
+                "generic code; pass fusion_tvm.host_target() (or an mcpu) to tvm.compile",
+                stacklevel=2,
+            )
         result = run_phases(mod, resolved, fusion=fusion, schedule=schedule,
                             cost_model=cost_model, shape_hints=shape_hints, config=config,
                             database=database)
@@ -370,6 +434,18 @@ def build_pipeline(
             return result.parts.lower(result.mod)
 
     return _pipeline
+
+
+def _names_no_cpu(target) -> bool:
+    """An llvm TVM target without an mcpu (``tvm.compile(mod, "llvm")``)."""
+    return (isinstance(target, tvm.target.Target) and target.kind.name == "llvm"
+            and "mcpu" not in target.attrs)
+
+
+def host_target() -> tvm.target.Target:
+    """The TVM target of this machine's CPU (LLVM's mcpu of the host, its cores), for
+    ``tvm.compile(mod, fusion_tvm.host_target(), relax_pipeline="fusion_tvm")``."""
+    return get_backend("llvm").target(get_hardware("host"))
 
 
 def _registered_pipeline(

@@ -188,3 +188,47 @@ def test_weights_as_parameters_run_or_bind():
     np.testing.assert_allclose(bound.run([inp_0, inp_1])[0], expected, rtol=1e-4, atol=1e-4)
     with pytest.raises(fusion_tvm.errors.UserInputError, match="not parameters"):
         fusion_tvm.compile(DeadGroup, params={"nope": inp_0})
+
+
+def test_targets_as_tvm_targets_and_json_dicts():
+    from fusion_tvm.errors import InvalidTargetError, UnknownNameError
+    from fusion_tvm.pipeline import resolve
+    from fusion_tvm.presets import host_cpu_name
+
+    haswell = resolve({"kind": "llvm", "mcpu": "haswell"})
+    assert haswell.hw.name == "ci-x86-avx2" and haswell.target.attrs["mcpu"] == "haswell"
+    assert resolve('{"kind": "llvm", "mcpu": "haswell"}').hw.name == "ci-x86-avx2"  # CLI
+    host = resolve(tvm.target.Target({"kind": "llvm", "mcpu": host_cpu_name()}))
+    assert host.hw.name == "host"
+    for plain in ("llvm", tvm.target.Target("llvm"), None):  # no CPU named: the host's
+        assert resolve(plain).target.attrs["mcpu"] == host_cpu_name()
+    for bad in ({"kind": "no-such-kind"}, '{"kind": ', {"kind": "vulkan"}):
+        with pytest.raises(InvalidTargetError):
+            resolve(bad)
+    with pytest.raises(UnknownNameError):
+        resolve("no-such-target")
+
+
+def test_compile_takes_a_json_target_and_the_pipeline_warns_on_a_generic_one():
+    import fusion_tvm
+
+    cm = fusion_tvm.compile(Inplace, target={"kind": "llvm", "mcpu": "haswell"})
+    assert cm.target.attrs["mcpu"] == "haswell" and cm.hw.name == "ci-x86-avx2"
+    x = np.ones((10, 20), "float32")
+    np.testing.assert_allclose(cm.run([x, np.array(1.0, "float32")])[0], np.exp(x + 1),
+                               rtol=1e-5)
+    with pytest.warns(UserWarning, match="names no CPU"):
+        tvm.compile(Inplace, "llvm", relax_pipeline="fusion_tvm")
+    with pytest.raises(fusion_tvm.errors.InvalidTargetError):
+        fusion_tvm.compile(Inplace, target={"kind": "no-such-kind"})
+
+
+def test_cli_takes_a_json_target(tmp_path):
+    from pathlib import Path
+
+    from fusion_tvm.cli import main
+
+    model = Path(__file__).parent / "data" / "cnn_bn.onnx"
+    target = '{"kind": "llvm", "mcpu": "haswell"}'
+    assert main(["plan", str(model), "--target", target, "--json", "-q"]) == 0
+    assert main(["plan", str(model), "--target", '{"kind": "nope"}', "-q"]) != 0
