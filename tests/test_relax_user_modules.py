@@ -232,3 +232,39 @@ def test_cli_takes_a_json_target(tmp_path):
     target = '{"kind": "llvm", "mcpu": "haswell"}'
     assert main(["plan", str(model), "--target", target, "--json", "-q"]) == 0
     assert main(["plan", str(model), "--target", '{"kind": "nope"}', "-q"]) != 0
+
+
+_PACKED_CALLS: list[float] = []
+
+
+@tvm.register_global_func("fusion_tvm_test.record", override=True)
+def _record(x):
+    _PACKED_CALLS.append(float(x.numpy().sum()))
+    return x
+
+
+# fmt: off
+@I.ir_module
+class SideEffect:
+    """A packed call run for its side effect, its result unused: R.call_packed (impure)."""
+
+    @R.function(pure=False)
+    def main(x: R.Tensor((4,), "float32")):
+        a = R.exp(x)
+        _ = R.call_packed("fusion_tvm_test.record", a, ty_args=R.Tensor((4,), "float32"))
+        b = R.add(a, a)
+        return b
+# fmt: on
+
+
+def test_impure_packed_call_with_unused_result_is_kept():
+    """R.call_packed is kept by the fusion_tvm pipeline; R.call_pure_packed declares the call
+    pure, and an unused pure call is dropped (by DeadCodeElimination here and by TVM's
+    FuseTIR): the README says to use R.call_packed for side effects."""
+    import fusion_tvm
+
+    _PACKED_CALLS.clear()
+    ex = tvm.compile(SideEffect, fusion_tvm.host_target(), relax_pipeline="fusion_tvm")
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(np.zeros(4, "float32")))
+    np.testing.assert_allclose(out.numpy(), 2.0)
+    assert _PACKED_CALLS == [4.0]
