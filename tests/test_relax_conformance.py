@@ -329,6 +329,37 @@ class IntArith:
             gv = R.subtract(c, R.const(7, "int32"))
             R.output(gv)
         return gv
+@I.ir_module(s_tir=True)
+class InplaceOnParam:
+    """test_transform_fuse_ops.py::test_call_tir_inplace's kernel in place on a parameter."""
+
+    @T.prim_func(private=True, s_tir=True)
+    def exp_inplace(A: T.Buffer((T.int64(10), T.int64(20)), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i0, i1 in T.grid(T.int64(10), T.int64(20)):
+            with T.sblock("compute"):
+                v0, v1 = T.axis.remap("SS", [i0, i1])
+                A[v0, v1] = T.exp(A[v0, v1])
+
+    @T.prim_func(private=True, s_tir=True)
+    def add(A: T.Buffer((T.int64(10), T.int64(20)), "float32"),
+            B: T.Buffer((T.int64(10), T.int64(20)), "float32"),
+            Out: T.Buffer((T.int64(10), T.int64(20)), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for ax0, ax1 in T.grid(T.int64(10), T.int64(20)):
+            with T.sblock("T_add"):
+                v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                Out[v0, v1] = A[v0, v1] + B[v0, v1]
+
+    @R.function
+    def main(x: R.Tensor((10, 20), "float32"), y: R.Tensor((10, 20), "float32")):
+        cls = InplaceOnParam
+        with R.dataflow():
+            lv1 = R.call_tir_inplace(cls.exp_inplace, (x,), inplace_indices=[0],
+                                     out_ty=R.Tensor((10, 20), "float32"))
+            gv = R.call_tir(cls.add, (lv1, y), out_ty=R.Tensor((10, 20), "float32"))
+            R.output(gv)
+        return gv
 # fmt: on
 
 
@@ -372,6 +403,8 @@ CASES = [
          "test_partially_used_tuple_param", partially_used_tuple_param),
     Case("call_tir_inplace", UPSTREAM + "test_transform_fuse_ops.py::test_call_tir_inplace",
          _scripted(Inplace)),
+    Case("call_tir_inplace_on_param", UPSTREAM + "test_transform_fuse_ops.py::"
+         "test_call_tir_inplace (in place on a parameter)", _scripted(InplaceOnParam)),
     Case("mixed_index_dtypes", "issue 24 (int32 PrimFunc next to a legalized conv2d)",
          _scripted(MixedIndexDtypes),
          fuseops_fails="FuseTIR: inconsistent buffers mapped to the same relax var"),
