@@ -44,6 +44,7 @@ from .passes.fold_affine import FoldAffineIntoWeights
 from .passes.fuse_by_cost_model import FuseByCostModel
 from .passes.mark_constant_params import MarkConstantParams
 from .passes.mark_noalias import MarkShapeFuncsNoAlias
+from .passes.prebuild_kernels import prebuild_kernels
 from .passes.prepack_weights import PrepackWeights
 from .passes.sort_shape_func_stores import SortShapeFuncStores
 from .passes.split_to_slices import SplitToSlices
@@ -418,20 +419,18 @@ def build_pipeline(
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         chosen = target if target is not None else tvm.target.Target.current(allow_none=True)
         resolved = resolve(chosen, hw)
-        if _names_no_cpu(chosen) and resolved.backend.name == "llvm":
-            # tvm.compile generates code for its own target after this pass: we cannot
-            # change that, only schedule for the host and say how to get host code.
-            warnings.warn(
-                f"fusion_tvm: target {str(chosen)!r} names no CPU: kernels are scheduled "
-                f"for the host ({resolved.target.attrs.get('mcpu', '')}) but LLVM emits "
-                "generic code; pass fusion_tvm.host_target() (or an mcpu) to tvm.compile",
-                stacklevel=2,
-            )
         result = run_phases(mod, resolved, fusion=fusion, schedule=schedule,
                             cost_model=cost_model, shape_hints=shape_hints, config=config,
                             database=database)
         with result.parts.target:
-            return result.parts.lower(result.mod)
+            lowered = result.parts.lower(result.mod)
+        if _names_no_cpu(chosen) and resolved.backend.name == "llvm":
+            # tvm.compile would generate generic code for its own target after this pass
+            warnings.warn(
+                f"fusion_tvm: target {str(chosen)!r} names no CPU: kernels are built for "
+                f"the host's ({resolved.target.attrs.get('mcpu', '')})", stacklevel=2)
+            lowered = prebuild_kernels(lowered, resolved.target)
+        return lowered
 
     return _pipeline
 
