@@ -424,10 +424,11 @@ def build_pipeline(
                             database=database)
         with result.parts.target:
             lowered = result.parts.lower(result.mod)
-        if _names_no_cpu(chosen) and resolved.backend.name == "llvm":
+        current = tvm.target.Target.current(allow_none=True)
+        if _names_no_cpu(current) and resolved.backend.name == "llvm":
             # tvm.compile would generate generic code for its own target after this pass
             warnings.warn(
-                f"fusion_tvm: target {str(chosen)!r} names no CPU: kernels are built for "
+                f"fusion_tvm: target {str(current)!r} names no CPU: kernels are built for "
                 f"the host's ({resolved.target.attrs.get('mcpu', '')})", stacklevel=2)
             lowered = prebuild_kernels(lowered, resolved.target)
         return lowered
