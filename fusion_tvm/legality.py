@@ -12,6 +12,8 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import tvm_ffi
+
 from .chain_stages import chain_stages
 from .graph import FusionGraph
 from .hardware import OpClass
@@ -298,7 +300,12 @@ def check_templates(
         if not limits.attention_parts and len(contractions) != 2:
             return FusionDecision.forbid(
                 "the target's attention template takes the whole softmax(Q K^T) V chain only")
-        rows = graph.tensors[contractions[0].outputs[0]].shape[-2:-1]
+        first = min(contractions, key=lambda n: n.id)  # ids follow the bindings' order
+        scores = graph.tensors[first.outputs[0]].shape
+        d = _rows_kept(graph, group, first, len(scores) - 1)
+        if not d:
+            return d
+        rows = scores[-2:-1]
         static = [int(r) for r in rows if isinstance(r, int) or hasattr(r, "value")]
         block = limits.attention_row_block
         if block is None or not static or static[0] % block == 0:
@@ -333,6 +340,8 @@ def check_templates(
             return d
     for r in (n for n in nodes if n.is_reduction):
         d = _rows_map_once(graph, group, r)
+        if d:
+            d = _rows_kept(graph, group, r, _row_rank(graph, r))
         if not d:
             return d
     if contractions and not limits.contraction_with_reduction:
@@ -477,6 +486,60 @@ def _rows_map_once(graph: FusionGraph, group: frozenset[int], r) -> FusionDecisi
                 f"{node.name} takes one value of the group as several inputs, so it cannot "
                 f"run on the rows of reduction {r.name}"
             )
+    return FusionDecision.allow()
+
+
+def _same_dims(a, b) -> bool:
+    if len(a) != len(b):
+        return False
+    return all(x == y if isinstance(x, int) and isinstance(y, int)
+               else tvm_ffi.structural_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _row_rank(graph: FusionGraph, r) -> int:
+    """Leading axes of reduction ``r``'s output that are rows (kept whole, before the first
+    reduced axis): the spatial iterators of its reduction block, cut where its data input's
+    shape stops matching its output's (a mean over H, W kept as unit dims has rows N, C)."""
+    block = next((b for b in r.info.blocks if b.num_reduce_axes), None) if r.info else None
+    if block is None:
+        return 0
+    rank = len(block.domain) - block.num_reduce_axes
+    out = graph.tensors[r.outputs[0]].shape
+    data = graph.tensors[r.inputs[0]].shape if r.inputs else ()
+    prefix = 0
+    while prefix < min(len(out), len(data)) and _same_dims([out[prefix]], [data[prefix]]):
+        prefix += 1
+    return min(rank, prefix, len(out))
+
+
+def _rows_kept(graph: FusionGraph, group: frozenset[int], r, rank: int) -> FusionDecision:
+    """The ops after a reduction (or an attention chain's scores) run on its finished rows,
+    in the same row loop: a layout op there must keep the ``rank`` leading row axes. A pad,
+    a slice, or a reshape / transpose that moves them (Swin's shifted-window partition
+    after its layer norm, its attention mask added to scores reshaped by window) writes
+    rows the loop never visits, and no template schedules the group (measured: the
+    fallback, 50-100x slower). Contractions after it start a stage of their own."""
+    if rank == 0:
+        return FusionDecision.allow()
+    rows = graph.tensors[r.outputs[0]].shape[:rank]
+    stack = [v for v in graph.succs[r.id] if v in group]
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        node = graph.nodes[v]
+        if node.is_contraction:
+            continue
+        if node.pattern is PatternKind.INJECTIVE:
+            out = graph.tensors[node.outputs[0]].shape
+            if not _same_dims(out[:rank], rows):
+                return FusionDecision.forbid(
+                    f"{node.name} moves the rows of {r.name} (leading axes "
+                    f"{list(rows)} become {list(out[:rank])}), so it cannot run in its row "
+                    "loop")
+        stack.extend(s for s in graph.succs[v] if s in group)
     return FusionDecision.allow()
 
 

@@ -442,3 +442,72 @@ def test_gpt2_block_kernels_all_on_templates():
     rules = {str(f.attrs["fusion_tvm.rule"]) for f in cm.fused_mod.functions.values()
              if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs}
     assert "fallback" not in rules and {"flash_attention", "staged_chain"} <= rules, rules
+
+
+def _window_partition():
+    """Swin's block entry: a layer norm, then the windows cut out of its rows (reshape,
+    transpose, reshape), then the projection of each window."""
+    g = GraphBuilder("window_partition")
+    x = g.add_input("x", [1, 8, 8, 16])
+    y = g.layernorm(x, 16)
+    y = g.op("Reshape", [y, g.ints([1, 2, 4, 2, 4, 16])])
+    y = g.op("Transpose", [y], perm=[0, 1, 3, 2, 4, 5])
+    y = g.op("Reshape", [y, g.ints([4, 16, 16])])
+    g.add_output(g.op("MatMul", [y, g.normal((16, 16), 0.2, "w")]))
+    return g.build()
+
+
+def _graph_of(model):
+    from fusion_tvm.pipeline import make_pipeline
+
+    parts = make_pipeline(hw=HW)
+    with parts.target:
+        parts.fuse(parts.prepare(fusion_tvm.frontend.load_model(model).mod))
+    (block,) = parts.fuse_pass.plan.blocks
+    return block.graph
+
+
+def test_layout_ops_that_move_a_reductions_rows_are_not_in_its_row_loop():
+    """Window partition after a layer norm: no template runs it in the norm's row loop
+    (the groups fell to the fallback, 50-100x slower, on Swin-T); the norm with a
+    row-keeping epilogue stays legal, and the built model equals the unfused one."""
+    from fusion_tvm.legality import TemplateLimits, check_templates
+
+    model = _window_partition()
+    graph = _graph_of(model)
+    names = {graph.nodes[i].func_name: i for i in graph.fusible_nodes}
+    norm = names["layer_norm"]
+    moved = frozenset(i for n, i in names.items() if not n.startswith("matmul"))
+    limits = TemplateLimits(row_stage=True, attention=True, staged_chains=True)
+    decision = check_templates(graph, moved, limits)
+    assert not decision and "moves the rows of" in decision.reason
+    assert check_templates(graph, frozenset([norm]), limits)
+    ours = _build(model)
+    _assert_same(ours, _build(model, fusion="none"), example_inputs(model, seed=0))
+    assert "fallback" not in {g.scheduled_rule for g in ours.plan.groups}
+
+
+def test_attention_scores_reshaped_for_a_mask_are_not_one_attention_group():
+    """Swin's shifted-window attention adds its mask to the scores viewed per window
+    (reshape, add, reshape back) before the softmax: the attention templates decline the
+    chain, so legality refuses it as one group."""
+    from fusion_tvm.legality import TemplateLimits, attention_chain, check_templates
+
+    g = GraphBuilder("masked_windows")
+    q = g.add_input("q", [4, 2, 16, 8])
+    k = g.add_input("k", [4, 2, 8, 16])
+    v = g.add_input("v", [4, 2, 16, 8])
+    s = g.op("MatMul", [q, k])
+    s = g.op("Reshape", [s, g.ints([1, 4, 2, 16, 16])])
+    s = g.op("Add", [s, g.normal((1, 4, 1, 16, 16), 1.0, "mask")])
+    s = g.op("Reshape", [s, g.ints([4, 2, 16, 16])])
+    g.add_output(g.op("MatMul", [g.op("Softmax", [s], axis=-1), v]))
+    model = g.build()
+    graph = _graph_of(model)
+    group = frozenset(graph.fusible_nodes)
+    assert attention_chain(graph, group)
+    decision = check_templates(graph, group, TemplateLimits(attention=True, row_stage=True))
+    assert not decision and "moves the rows of" in decision.reason
+    ours = _build(model)
+    _assert_same(ours, _build(model, fusion="none"), example_inputs(model, seed=0))
+    assert "fallback" not in {g.scheduled_rule for g in ours.plan.groups}
