@@ -20,6 +20,7 @@ from .flash_attention import FlashAttention
 from .kernel_model import conv_kernel, group_parallel_regions
 from .layout import ConvertToNCHWc
 from .matmul import Matmul
+from .pad_conv_channels import PadConvChannels
 from .pointwise_conv import PointwiseConvAsMatmul
 from .reduction import Reduction
 from .staged_chain import StagedChain
@@ -52,14 +53,15 @@ class LLVMCPUBackend(Backend):
         self.softmax = softmax
 
     def layout_passes(self, hw: HardwareSpec | None = None) -> list:
-        """The NCHWc conversion, blocked to the SIMD width of ``hw`` (fp32 lanes), then the
+        """The NCHWc conversion, blocked to the SIMD width of ``hw`` (fp32 lanes), after
+        dense convs' output channels are padded to it (:mod:`.pad_conv_channels`); then the
         pointwise convs left in NCHW as matmuls (:mod:`.pointwise_conv`)."""
         if hw is None:
             return []
         pointwise = PointwiseConvAsMatmul(lanes(hw, 32))
         if self.layout != "nchwc":
             return [pointwise]
-        return [ConvertToNCHWc(lanes(hw, 32)), pointwise]
+        return [PadConvChannels(lanes(hw, 32)), ConvertToNCHWc(lanes(hw, 32)), pointwise]
 
     @property
     def device_kind(self) -> DeviceKind:
