@@ -38,6 +38,7 @@ from .legality import FusionKinds
 from .passes.apply_target_schedule import ApplyTargetSchedule
 from .passes.combine_sibling_convs import CombineSiblingConvs
 from .passes.combine_siblings import combine_siblings
+from .passes.crop_conv_taps import CropConvTaps
 from .passes.expand_small_powers import ExpandSmallPowers
 from .passes.fast_math import FastMath
 from .passes.fold_affine import FoldAffineIntoWeights
@@ -97,6 +98,7 @@ def prepare_passes(
         *fold,
         relax.transform.DecomposeOpsForInference(),
         *fold_affine,  # per-channel scale / shift chains into matmul and conv weights
+        CropConvTaps(),  # taps that only read padding (large dilations) dropped
         *siblings,
         SplitToSlices(),
         ExpandSmallPowers(),  # x**2, x**3 as multiplies (powf is a scalar libm call)

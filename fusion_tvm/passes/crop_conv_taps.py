@@ -1,0 +1,115 @@
+"""CropConvTaps: drop the kernel taps of a convolution that only ever read zero padding.
+
+A dilated conv whose dilation is not small against its feature map (DeepLab's ASPP: rates
+12 / 24 / 36 on a 14x14 map) has taps that fall in the padding for every output position:
+they multiply zeros. Cropping the kernel to the taps that read data, with the padding moved
+along, gives the same result exactly; at rate 24 on 14x14 the 3x3 conv becomes a 1x1 conv
+(9x fewer FLOPs and no 62x62 padded copy of the input). Runs before layout conversion and
+``LegalizeOps``; convs with symbolic spatial sizes are left alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+def _static(expr) -> list[int] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    return [int(d) for d in dims] if all(isinstance(d, tirx.IntImm) for d in dims) else None
+
+
+def useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
+                pad_before: int) -> tuple[int, int] | None:
+    """First and last tap along one axis that reads the input for some output position
+    (None when none does)."""
+    useful = [r for r in range(kernel)
+              if any(0 <= y * stride + r * dilation - pad_before < size for y in range(out))]
+    return (useful[0], useful[-1]) if useful else None
+
+
+def cropped(call: relax.Call) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    """``(begin taps, end taps, padding, dilation)`` of the cropped conv, None to keep it."""
+    a = call.attrs
+    if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
+        return None
+    x, w, y = _static(call.args[0]), _static(call.args[1]), _static(call)
+    if x is None or w is None or y is None or len(x) != 4 or len(w) != 4 or len(y) != 4:
+        return None
+    strides = [int(s) for s in a.strides]
+    dilation = [int(d) for d in a.dilation]
+    pad = [int(p) for p in a.padding]  # top, left, bottom, right
+    begin, end, before, after, dil = [], [], [], [], []
+    for axis in (0, 1):
+        taps = useful_taps(x[2 + axis], y[2 + axis], w[2 + axis], strides[axis],
+                           dilation[axis], pad[axis])
+        if taps is None:
+            return None
+        r0, r1 = taps
+        k = r1 - r0 + 1
+        top = pad[axis] - r0 * dilation[axis]
+        # the least bottom padding that keeps the output size (a stride leaves slack)
+        bottom = max(0, (y[2 + axis] - 1) * strides[axis] + dilation[axis] * (k - 1) + 1
+                     - x[2 + axis] - top)
+        span = x[2 + axis] + top + bottom - dilation[axis] * (k - 1) - 1
+        if top < 0 or span < 0 or span // strides[axis] + 1 != y[2 + axis]:
+            return None
+        begin.append(r0)
+        end.append(r1 + 1)
+        before.append(top)
+        after.append(bottom)
+        dil.append(dilation[axis] if k > 1 else 1)
+    if begin == [0, 0] and end == w[2:]:
+        return None
+    return begin, end, [*before, *after], dil
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.count = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                and call.op.same_as(_CONV2D)):
+            return call
+        crop = cropped(call)
+        if crop is None:
+            return call
+        begin, end, padding, dilation = crop
+        x, w = call.args
+        a = call.attrs
+        if isinstance(w, tvm.ir.expr.Constant):  # stays a constant for the weight-folding passes
+            weight = relax.const(np.ascontiguousarray(
+                w.value.numpy()[:, :, begin[0]:end[0], begin[1]:end[1]]))
+        else:
+            weight = self.builder_.emit(
+                relax.op.strided_slice(w, axes=[2, 3], begin=begin, end=end))
+        self.count += 1
+        return relax.op.nn.conv2d(
+            x, weight, strides=a.strides, padding=padding, dilation=dilation,
+            groups=int(a.groups), data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW",
+            out_dtype=a.out_dtype)
+
+
+@tvm.transform.module_pass(opt_level=0, name="CropConvTaps")
+class CropConvTaps:
+    """Crop every NCHW conv's kernel to the taps that read its input (see the module)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        """Rewrite every qualifying conv of every Relax function."""
+        rewriter = _Rewriter(mod)
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        if not rewriter.count:
+            return mod
+        return rewriter.builder_.get()
