@@ -69,6 +69,7 @@ def test_only_convs_with_blocked_input_and_little_padding_are_padded():
 
     assert padded_channels(typed(conv(256, 179)), 8) == 184
     assert padded_channels(typed(conv(256, 184)), 8) is None  # divisible already
+    assert padded_channels(typed(conv(256, 116)), 8) is None  # a block of 4 takes it
     assert padded_channels(typed(conv(255, 179)), 8) is None  # input not blocked
     assert padded_channels(typed(conv(256, 9)), 8) is None  # 7 of 16 filters zero
     assert padded_channels(typed(conv(256, 180, groups=4)), 8) is None  # grouped

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .layout import static_shape
+from .layout import MIN_WINDOW_BLOCK, channel_block, static_shape
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 #: The most extra work the padding may add (as a share of the conv's own).
@@ -24,8 +24,9 @@ def padded_channels(call: relax.Call, lanes: int) -> int | None:
     """The padded output channel count for ``call``, None to leave it.
 
     Dense (one group) NCHW convs with static shapes whose input channels the SIMD width
-    divides (the input is blocked already) and whose output channels it does not, when the
-    zero filters add at most ``MAX_WASTE`` of the work.
+    divides (the input is blocked already) and whose output channels no channel block
+    divides (not even the narrowest, ``MIN_WINDOW_BLOCK``), when the zero filters add at
+    most ``MAX_WASTE`` of the work.
     """
     a = call.attrs
     if (a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW"
@@ -34,8 +35,9 @@ def padded_channels(call: relax.Call, lanes: int) -> int | None:
     x, w = static_shape(call.args[0]), static_shape(call.args[1])
     if x is None or w is None or len(x) != 4 or not all(isinstance(d, int) for d in w):
         return None
-    if not isinstance(x[1], int) or x[1] % lanes or w[0] % lanes == 0:
-        return None
+    if not isinstance(x[1], int) or x[1] % lanes or channel_block(w[0], lanes,
+                                                                   MIN_WINDOW_BLOCK):
+        return None  # a narrower channel block takes it (ShuffleNetV2's 116 channels: 4)
     padded = -(-w[0] // lanes) * lanes
     return padded if padded - w[0] <= MAX_WASTE * w[0] else None
 
