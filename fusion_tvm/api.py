@@ -572,11 +572,17 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
     database = TuningDatabase.of(tuning_db, create=verify is not None)
     resolved = resolve(target, hw)
 
+    first: dict[str, dict] = {}  # the origins of the first result's prepared module
+
     def phases(config: SearchConfig | None, prepared: tvm.IRModule | None = None):
+        origins = loaded.origins if prepared is None else first.get("origins")
         with tvm_noise_filtered():
-            return run_phases(loaded.mod, resolved, fusion=fusion_mode(fusion), schedule=schedule,
-                              cost_model=cost_model, shape_hints=shape_hints,
-                              config=config, database=database, prepared=prepared)
+            phased = run_phases(loaded.mod, resolved, fusion=fusion_mode(fusion),
+                                schedule=schedule, cost_model=cost_model,
+                                shape_hints=shape_hints, config=config, database=database,
+                                prepared=prepared, origins=origins)
+        first.setdefault("origins", phased.origins)
+        return phased
 
     def build(phased):
         with tvm_noise_filtered():
@@ -617,7 +623,7 @@ def build_cuda(model, hw: str = "h100", fusion: str = "cost", cost_model: str | 
 
     loaded = load_model(model, shape_dict=shape_dict)
     result = run_phases(loaded.mod, resolve("cuda", hw), fusion=fusion_mode(fusion),
-                        cost_model=cost_model)
+                        cost_model=cost_model, origins=loaded.origins)
     executable = tvm.compile(result.mod, target=result.parts.target,
                              relax_pipeline=result.parts.lower)
     return CudaBuild(result.mod, executable, cuda_source(executable), result.plan,

@@ -222,7 +222,8 @@ def search_plan(loaded, target: str, hw: str | None, shape_hints: dict,
 
     resolved = resolve(target, hw)
     with progress.step(f"searching fusion plan ({resolved.hw.name})"), tvm_noise_filtered():
-        return run_phases(loaded.mod, resolved, shape_hints=shape_hints).plan
+        return run_phases(loaded.mod, resolved, shape_hints=shape_hints,
+                          origins=loaded.origins).plan
 
 
 def _plan_json(plan, loaded, model: str, hints: Sequence[ShapeHint]) -> dict:

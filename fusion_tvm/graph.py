@@ -69,6 +69,9 @@ class FusionNode:
     #: dtypes of the PrimFunc's buffer shapes (int64 from LegalizeOps, int32 in many
     #: hand-written PrimFuncs): FuseTIR cannot join buffers whose shapes differ in it.
     index_dtypes: frozenset[str] = frozenset()
+    #: The ONNX node(s) this binding computes (empty: none, e.g. a layout conversion a pass
+    #: inserted, or a model that is not ONNX); set on the plan by the pipeline.
+    origins: tuple[str, ...] = ()
 
     @property
     def op_class(self) -> OpClass | None:

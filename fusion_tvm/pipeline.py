@@ -35,6 +35,7 @@ from .cost_models.base import CostModel, get_cost_model
 from .errors import InvalidTargetError, UnknownNameError
 from .hardware import HardwareSpec
 from .legality import FusionKinds
+from .origins import Origins, tracking
 from .passes.apply_target_schedule import ApplyTargetSchedule
 from .passes.combine_sibling_convs import CombineSiblingConvs
 from .passes.combine_siblings import combine_siblings
@@ -318,6 +319,9 @@ class PhaseResult:
         recorded; None unless ``fusion="cost"``.
     prepared : IRModule or None
         Before fusion (the module the plan's block graphs were built from).
+    origins : dict of relax.Var to tuple of str
+        The ONNX node(s) each binding of ``prepared`` came from (empty when the model
+        named none): what the plan's ops show (:mod:`fusion_tvm.origins`).
     """
 
     parts: PipelineParts
@@ -325,6 +329,7 @@ class PhaseResult:
     mod: tvm.IRModule
     plan: FusionPlan | None
     prepared: tvm.IRModule | None = None
+    origins: Origins = dataclasses.field(default_factory=dict)
 
 
 def run_phases(
@@ -338,6 +343,7 @@ def run_phases(
     database=None,
     feedback_rounds: int = FEEDBACK_ROUNDS,
     prepared: tvm.IRModule | None = None,
+    origins: Mapping[relax.Var, tuple[str, ...]] | None = None,
 ) -> PhaseResult:
     """Prepare, fuse and schedule ``mod`` for ``resolved``: the one phase runner.
 
@@ -345,7 +351,10 @@ def run_phases(
     forbidden and the search runs again (``feedback_rounds`` at most), so the plan is the
     partition that is built. ``prepared``: the ``prepared`` module of an earlier result for
     the same model, target and fusion kinds, fused again without preparing again (measured
-    decisions re-run the search only). Other arguments as :func:`make_pipeline`.
+    decisions re-run the search only). ``origins``: the ONNX node(s) of each binding
+    (:attr:`LoadedModel.origins <fusion_tvm.frontend.LoadedModel.origins>`; with
+    ``prepared``, the earlier result's ``origins``), carried through the passes onto the
+    plan's ops. Other arguments as :func:`make_pipeline`.
     """
 
     def make(cfg):
@@ -354,8 +363,15 @@ def run_phases(
 
     parts = make(config)
     catch_all = catch_all_names(parts.backend.schedule_rules(parts.hw))
+    notes = []
     with parts.target:
-        prepared = parts.prepare(mod) if prepared is None else prepared
+        if prepared is None:
+            with tracking(mod, origins) as tracker:
+                prepared = parts.prepare(mod)
+            if tracker is not None:
+                origins = tracker.result(prepared)
+                if tracker.error:
+                    notes.append(f"ONNX node names lost in the passes ({tracker.error})")
         fused = parts.fuse(prepared)
         scheduled = parts.schedule(fused)
         cfg = config or SearchConfig()
@@ -371,7 +387,10 @@ def run_phases(
             scheduled = parts.schedule(fused)
     plan = parts.fuse_pass.plan if parts.fuse_pass is not None else None
     record_rules(scheduled, plan)
-    return PhaseResult(parts, fused, scheduled, plan, prepared)
+    if plan is not None:
+        plan.set_origins(origins or {})
+        plan.notes.extend(notes)
+    return PhaseResult(parts, fused, scheduled, plan, prepared, dict(origins or {}))
 
 
 def fallback_groups(mod: tvm.IRModule, plan: FusionPlan, catch_all: frozenset[str]

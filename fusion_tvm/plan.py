@@ -38,6 +38,14 @@ class GroupPlan:
     #: wherever the cost model holds them; ``dram_bytes`` is the part that goes to DRAM
     #: (0 when every tensor fits the last-level cache).
     traffic_bytes: float = 0.0
+    #: The ONNX node(s) each op of ``ops`` computes (an empty list: none, e.g. a layout
+    #: conversion the pipeline inserted); empty lists throughout for models not from ONNX.
+    onnx_nodes: list[list[str]] = field(default_factory=list)
+
+    @property
+    def onnx_names(self) -> list[str]:
+        """The ONNX nodes of the kernel's ops, each once, in op order."""
+        return list(dict.fromkeys(n for names in self.onnx_nodes for n in names))
 
     @property
     def display_rule(self) -> str:
@@ -134,6 +142,23 @@ class FusionPlan:
                 total["dram"] += cost.dram_bytes
         return total
 
+    def set_origins(self, origins) -> None:
+        """Name each op's ONNX node(s): ``origins`` maps binding vars of the module the
+        block graphs were built from to node names (:mod:`fusion_tvm.origins`)."""
+        for block in self.blocks:
+            for node in block.graph.nodes:
+                node.origins = tuple(origins.get(node.binding.var, ()))
+        for g in self.groups:
+            block = next((b for b in self.blocks if b.function == g.function
+                          and b.block_index == g.block_index), None)
+            g.onnx_nodes = [list(block.graph.nodes[i].origins) if block else []
+                            for i in g.node_ids]
+
+    @property
+    def has_onnx_names(self) -> bool:
+        """Whether any op knows its ONNX node (the model came from ONNX)."""
+        return any(any(names) for g in self.groups for names in g.onnx_nodes)
+
     # ----------------------------------------------------------------- output
     def to_json(self) -> dict:
         """A JSON-ready summary (groups included, graphs left out)."""
@@ -150,20 +175,27 @@ class FusionPlan:
         return json.dumps(self.to_json(), indent=2, default=str)
 
     def table(self, max_rows: int = 200) -> str:
-        """A readable per-group table with the summary lines."""
+        """A readable per-group table with the summary lines (and, for ONNX models, the
+        ONNX nodes each kernel computes)."""
+        onnx = self.has_onnx_names
+        shown = self.groups[:max_rows]
+        bound_w = max((len(g.bound) for g in shown), default=5) if onnx else 0
         lines = [
             f"fusion plan for {self.target} on {self.hardware} (cost model: {self.cost_model})",
             f"symbolic dims evaluated at: {self.dims or 'none'}",
             "",
             f"{'#':>4}  {'kernel':<44} {'ops':>3}  {'rule':<15} {'pred us':>9} "
-            f"{'mem KB':>9} {'DRAM KB':>9}  bound",
+            f"{'mem KB':>9} {'DRAM KB':>9}  {'bound':<{bound_w}}"
+            + ("  onnx nodes" if onnx else ""),
         ]
-        for k, g in enumerate(self.groups[:max_rows]):
+        for k, g in enumerate(shown):
             lines.append(
                 f"{k:>4}  {g.name[:44]:<44} {len(g.ops):>3}  {g.display_rule:<15} "
                 f"{g.predicted_time_s * 1e6:>9.1f} {g.traffic_bytes / 1024:>9.1f} "
-                f"{g.dram_bytes / 1024:>9.1f}  {g.bound}"
+                f"{g.dram_bytes / 1024:>9.1f}  {g.bound:<{bound_w}}"
+                + (f"  {short_names(g.onnx_names)}" if onnx else "")
             )
+        lines[3] = lines[3].rstrip()
         if len(self.groups) > max_rows:
             lines.append(f"  ... {len(self.groups) - max_rows} more")
         lines.append("")
@@ -189,6 +221,21 @@ class FusionPlan:
         lines.extend(verified_line(v) for v in self.verified or [])
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def short_names(names: list[str], width: int = 60) -> str:
+    """Names joined by spaces within about ``width`` characters (``+N`` counts those left
+    out); ``-`` for none."""
+    if not names:
+        return "-"
+    text = names[0] if len(names[0]) <= width else names[0][:width - 3] + "..."
+    for k in range(1, len(names)):
+        rest = len(names) - k - 1
+        joined = f"{text} {names[k]}"
+        if len(joined) + (len(f" +{rest}") if rest else 0) > width:
+            return f"{text} +{len(names) - k}"
+        text = joined
+    return text
 
 
 def verified_line(v: dict) -> str:
@@ -231,6 +278,7 @@ def group_plan(
         flops=cost.flops,
         bound=cost.reason,
         node_ids=members,
+        onnx_nodes=[list(graph.nodes[i].origins) for i in members],
         block_index=block_index,
         kernel=kernel or (graph.nodes[members[0]].func_name if len(members) == 1 else ""),
     )

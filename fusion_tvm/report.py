@@ -69,7 +69,8 @@ def explain_ops(plan: FusionPlan, op_a: str, op_b: str) -> tuple[Explanation, li
     """:func:`~fusion_tvm.explain.explain` with ambiguous names resolved (and reported).
 
     Returns the explanation (ops named by their unique labels) and notes on any name that
-    matched several ops (the first, in binding order, is used).
+    matched several ops (the first, in binding order, is used; for an ONNX node computed by
+    several ops, the last, which produces its output).
     """
     view = unique_view(plan)
     labels = op_labels(plan)
@@ -78,6 +79,16 @@ def explain_ops(plan: FusionPlan, op_a: str, op_b: str) -> tuple[Explanation, li
     def resolve(name: str) -> str:
         if name in labels.values():
             return name
+        if not any(n.name == name for b in plan.blocks for n in b.graph.nodes):
+            ops = [(bi, n) for bi, b in enumerate(plan.blocks) for n in b.graph.nodes
+                   if n.info is not None and name in n.origins]
+            if ops:  # an ONNX node: the op producing its output stands for it
+                bi, n = ops[-1]
+                if len(ops) > 1:
+                    alts = ", ".join(labels[(b, m.id)] for b, m in ops[:8])
+                    notes.append(f"ONNX node '{name}' is computed by {len(ops)} ops: {alts}; "
+                                 f"using {labels[(bi, n.id)]}, which produces its output")
+                return labels[(bi, n.id)]
         for attr in ("name", "func_name"):
             hits = [(bi, n) for bi, b in enumerate(plan.blocks) for n in b.graph.nodes
                     if getattr(n, attr) == name and (attr == "name" or n.info is not None)]
@@ -408,7 +419,8 @@ def _svg(plan: FusionPlan) -> tuple[str, float, float]:
             tip = (f"kernel #{k}: {gp.name}\n{len(gp.ops)} ops, rule {gp.display_rule}, "
                    f"{_fmt_time(gp.predicted_time_s)}, memory {_fmt_bytes(gp.traffic_bytes)} "
                    f"(DRAM {_fmt_bytes(gp.dram_bytes)})\n"
-                   f"{gp.bound}")
+                   f"{gp.bound}"
+                   + (f"\nONNX nodes: {' '.join(gp.onnx_names)}" if gp.onnx_names else ""))
             out = [f'<g class="group" data-group="{k}" tabindex="0" style="--c:{color}">',
                    f"<title>{_esc(tip)}</title>",
                    f'<rect class="box" x="{box.x:.0f}" y="{box.y:.0f}" width="{box.w:.0f}" '
@@ -442,7 +454,8 @@ def _group_details(plan: FusionPlan) -> list[dict]:
         gp = plan.groups[k]
         ops = [{"label": labels[(bi, n)], "func": graph.nodes[n].func_name,
                 "pattern": graph.nodes[n].pattern.name.lower(),
-                "shape": _shape(graph, graph.nodes[n])} for n in sorted(g)]
+                "shape": _shape(graph, graph.nodes[n]),
+                "onnx": list(graph.nodes[n].origins)} for n in sorted(g)]
         details.append({
             "index": k, "name": gp.name, "function": gp.function, "kind": gp.kind,
             "fuseops": _fuseops_note(plan.blocks[bi], g, labels, bi),
@@ -450,6 +463,7 @@ def _group_details(plan: FusionPlan) -> list[dict]:
             "dram": _fmt_bytes(gp.dram_bytes), "traffic": _fmt_bytes(gp.traffic_bytes),
             "onchip": _fmt_bytes(gp.onchip_bytes),
             "gflop": gp.flops / 1e9, "color": group_color(k), "ops": ops,
+            "onnx": gp.onnx_names,
             "boundaries": bounds.get(k, []),
         })
     return details
@@ -494,15 +508,19 @@ def _summary_rows(plan: FusionPlan) -> str:
 
 
 def _groups_table(plan: FusionPlan) -> str:
+    onnx = plan.has_onnx_names
     rows = ["<tr><th>#</th><th>kernel</th><th>ops</th><th>rule</th><th>predicted</th>"
-            "<th>memory</th><th>DRAM</th><th>bound</th></tr>"]
+            "<th>memory</th><th>DRAM</th><th>bound</th>"
+            + ("<th>ONNX nodes</th>" if onnx else "") + "</tr>"]
     for k, g in enumerate(plan.groups):
+        names = (f"<td class='mono'>{_esc(' '.join(g.onnx_names) or '-')}</td>"
+                 if onnx else "")
         rows.append(
             f'<tr data-row="{k}"><td><span class="sw" style="background:{group_color(k)}">'
             f"</span>{k}</td><td class='mono'>{_esc(g.name)}</td><td>{len(g.ops)}</td>"
             f"<td>{_esc(g.display_rule)}</td><td>{_esc(_fmt_time(g.predicted_time_s))}</td>"
             f"<td>{_esc(_fmt_bytes(g.traffic_bytes))}</td>"
-            f"<td>{_esc(_fmt_bytes(g.dram_bytes))}</td><td>{_esc(g.bound)}</td></tr>")
+            f"<td>{_esc(_fmt_bytes(g.dram_bytes))}</td><td>{_esc(g.bound)}</td>{names}</tr>")
     return "<table class='groups'>" + "".join(rows) + "</table>"
 
 
@@ -624,10 +642,15 @@ _JS = r"""
           : (g.gflop*1e3).toFixed(3)+' MFLOP')+'</div>'
       + '<div>rule</div><div>'+esc(g.rule||'-')+' ('+esc(g.kind)+')</div>'
       + '<div>bound</div><div>'+esc(g.bound)+'</div>'
+      + (g.onnx.length ? '<div>ONNX nodes</div><div class="mono">'+esc(g.onnx.join(' '))
+          +'</div>' : '')
       + (g.fuseops ? '<div>vs FuseOps</div><div>'+esc(g.fuseops)+'</div>' : '') + '</div>'
       + '<h2 style="margin-top:12px">ops</h2><ul>';
+    var onnx = data.onnx;
     g.ops.forEach(function(o){h += '<li><span class="mono">'+esc(o.label)+' = '
       +esc(o.func)+'</span> <span class="why">'+esc(o.pattern)+' → '+esc(o.shape)
+      +(onnx ? ' · ONNX: '+(o.onnx.length ? esc(o.onnx.join(', '))
+                            : 'none') : '')
       +'</span></li>';});
     h += '</ul><h2 style="margin-top:12px">why the boundary is here</h2>';
     if(!g.boundaries.length) h += '<div class="why">no consumer outside this kernel</div>';
@@ -708,7 +731,7 @@ def render_html(plan: FusionPlan, title: str = "fusion plan",
         The page; it loads nothing from the network.
     """
     svg, w, h = _svg(plan)
-    data = {"groups": _group_details(plan)}
+    data = {"groups": _group_details(plan), "onnx": plan.has_onnx_names}
     blob = json.dumps(data, default=str).replace("</", "<\\/")
     dims = ", ".join(f"{k}={v}" for k, v in plan.dims.items()) or "static shapes"
     meta = (f"{_esc(plan.target)} · {_esc(plan.hardware)} · cost model {_esc(plan.cost_model)}"

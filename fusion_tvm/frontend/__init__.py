@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,10 +58,11 @@ def load_model(
         return from_irmodule(model, source="irmodule")
     if isinstance(model, str | os.PathLike | onnx.ModelProto):
         proto, where = read_onnx(model)
-        mod = convert_onnx(proto, where, shape_dict, dtype_dict)
-        return describe(
+        mod, origins = convert_onnx(proto, where, shape_dict, dtype_dict)
+        loaded = describe(
             mod, "onnx", graph_input_names(proto.graph), [o.name for o in proto.graph.output]
         )
+        return dataclasses.replace(loaded, origins=origins)
     raise UserInputError(
         f"cannot load a model from {type(model).__name__}: give an ONNX path, an "
         "onnx.ModelProto or a tvm.IRModule (torch modules go through load_torch)"

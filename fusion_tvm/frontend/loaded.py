@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -37,6 +37,9 @@ class LoadedModel:
     output_names : tuple of str
     source : {"onnx", "irmodule", "torch", "library"}
         ``"library"``: read back by :func:`fusion_tvm.load` (``mod`` is None).
+    origins : dict of relax.Var to tuple of str
+        ONNX models: the ONNX node(s) each binding of ``main`` came from
+        (:mod:`fusion_tvm.origins`); empty for other sources.
     """
 
     mod: IRModule
@@ -45,6 +48,8 @@ class LoadedModel:
     input_dtypes: tuple[str, ...]
     output_names: tuple[str, ...]
     source: Source
+    origins: Mapping[relax.Var, tuple[str, ...]] = field(default_factory=dict, compare=False,
+                                                         repr=False)
 
 
 def from_irmodule(mod: IRModule, source: Source) -> LoadedModel:

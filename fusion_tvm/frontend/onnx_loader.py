@@ -30,6 +30,7 @@ from ..errors import (
     UnsupportedOperatorError,
     UserInputError,
 )
+from ..origins import Origins, import_origins
 from .onnx_fold import fold_constants
 from .overrides import converter_map
 
@@ -224,6 +225,14 @@ class _Importer(_stock.ONNXGraphImporter):
     def __init__(self, dtype_dict, table):
         super().__init__(None, dtype_dict, keep_params_in_input=False, sanitize=True)
         self._table = table
+        self.origins: Origins = {}
+
+    def from_onnx(self, graph, opset):
+        mod = super().from_onnx(graph, opset)
+        # which bindings each node emitted: the plan names its ops by their ONNX nodes
+        nodes = [(n.name, [self._nodes.get(o) for o in n.output if o]) for n in graph.node]
+        self.origins = import_origins(mod["main"], nodes)
+        return mod
 
     def _check_for_unsupported_ops(self, graph):
         # check_graph has already done this, against our (overridden) map.
@@ -270,8 +279,9 @@ def convert_onnx(
     where: str,
     shape_dict: ShapeDict | None = None,
     dtype_dict: Mapping[str, str] | None = None,
-) -> IRModule:
-    """Check ``model`` and convert it to a Relax IRModule (params embedded as constants).
+) -> tuple[IRModule, Origins]:
+    """Check ``model`` and convert it to a Relax IRModule (params embedded as constants),
+    with the ONNX node(s) each binding of ``main`` came from (:mod:`fusion_tvm.origins`).
 
     ``model`` is not modified. ``where`` names the model in error messages.
     """
@@ -298,7 +308,7 @@ def convert_onnx(
             warnings.filterwarnings("ignore", message="Renaming name")
             mod = importer.from_onnx(graph, model_opset(proto))
         sys.stdout.write(printed.getvalue())  # anything else it says on success still shows
-        return mod
+        return mod, importer.origins
     except FusionTVMError:
         raise
     except Exception as err:  # noqa: BLE001 - failures outside a converter are TVM's
