@@ -21,6 +21,7 @@ from .kernel_model import conv_kernel, group_parallel_regions
 from .layout import ConvertToNCHWc
 from .matmul import Matmul
 from .pad_conv_channels import PadConvChannels
+from .pad_conv_width import PadConvWidth
 from .pointwise_conv import PointwiseConvAsMatmul
 from .reduction import Reduction
 from .staged_chain import StagedChain
@@ -55,13 +56,15 @@ class LLVMCPUBackend(Backend):
     def layout_passes(self, hw: HardwareSpec | None = None) -> list:
         """The NCHWc conversion, blocked to the SIMD width of ``hw`` (fp32 lanes), after
         dense convs' output channels are padded to it (:mod:`.pad_conv_channels`); then the
-        pointwise convs left in NCHW as matmuls (:mod:`.pointwise_conv`)."""
+        pointwise convs left in NCHW as matmuls (:mod:`.pointwise_conv`) and the other NCHW
+        convs with narrow rows on padded rows (:mod:`.pad_conv_width`)."""
         if hw is None:
             return []
-        pointwise = PointwiseConvAsMatmul(lanes(hw, 32))
+        width = lanes(hw, 32)
+        nchw = [PointwiseConvAsMatmul(width), PadConvWidth(width)]
         if self.layout != "nchwc":
-            return [pointwise]
-        return [PadConvChannels(lanes(hw, 32)), ConvertToNCHWc(lanes(hw, 32)), pointwise]
+            return nchw
+        return [PadConvChannels(width), ConvertToNCHWc(width), *nchw]
 
     @property
     def device_kind(self) -> DeviceKind:
