@@ -2,6 +2,7 @@
 
     python docs/regen.py            # run the snippets, rewrite each console block's output
     python docs/regen.py --check    # run them, exit 1 where a doc differs from what it prints
+    python docs/regen.py --report-png   # docs/report.png: the report, 1400x1000, in Chromium
 
 Snippets are fenced blocks with a language: ``python`` blocks of one file run in order in
 one namespace (a session: the second block may use the first one's ``cm``); ``console``
@@ -195,13 +196,38 @@ def _diff(expected: list[str], actual: list[str]) -> str:
                                           lineterm="", n=1))
 
 
+#: The report README.md shows: docs/cli.md's first command, in a 1400x1000 viewport.
+REPORT_COMMAND = ["plan", "fusion_tvm/examples/detection_head.onnx", "--hw", "ci-x86-avx2",
+                  "-q", "--html"]
+
+
+def render_report_png(out: Path = ROOT / "docs" / "report.png") -> Path:
+    """Write ``fusion-tvm plan ... --html`` of the bundled example and screenshot it in
+    headless Chromium (``fusion_tvm.testing.browser``) at 1400x1000."""
+    from fusion_tvm.testing.browser import Chromium
+
+    with workspace() as cwd:
+        page = cwd / "plan.html"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TVM_NUM_THREADS="1")
+        subprocess.run([sys.executable, "-m", "fusion_tvm", *REPORT_COMMAND, str(page)],
+                       cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+        with Chromium() as browser:
+            out.write_bytes(browser.open(page, 1400, 1000, scrollbars=False).screenshot())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Regenerate (default) or check (``--check``) every doc; 1 when a check fails."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="compare only, write nothing")
+    p.add_argument("--report-png", action="store_true",
+                   help="only render docs/report.png (needs chromium)")
     p.add_argument("files", nargs="*", type=Path, help="docs to process (default: all)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))  # the python snippets import this checkout's package
+    if args.report_png:
+        print(render_report_png())
+        return 0
     files = [f.resolve() for f in args.files] or doc_files()
     problems = []
     with workspace() as cwd:

@@ -357,6 +357,15 @@ def _route(a, b, src: _Box, dst: _Box) -> str:
             f"V{b[1] - r:.0f} Q{in_x:.0f},{b[1]:.0f} {b[0]:.0f},{b[1]:.0f}")
 
 
+#: Characters of an op's name that fit its box (11.5 px monospace, ~6.9 px a character).
+OP_CHARS = 18
+
+
+def _fit(text: str, chars: int = OP_CHARS) -> str:
+    """``text`` cut to ``chars`` characters (an ellipsis marks the cut)."""
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
 def _esc(s) -> str:
     return html.escape(str(s), quote=True)
 
@@ -411,7 +420,7 @@ def _svg(plan: FusionPlan) -> tuple[str, float, float]:
                         f"{_esc(_shape(graph, node))}</title>"
                         f'<rect x="{x:.0f}" y="{y:.0f}" width="{NODE_W}" height="{NODE_H}" '
                         f'rx="4"/><text x="{x + 8:.0f}" y="{y + 15:.0f}">'
-                        f"{_esc(labels[(bi, n)])} · {kind}</text></g>")
+                        f"{_esc(_fit(f'{labels[(bi, n)]} · {kind}'))}</text></g>")
                 continue
             k = box.kernel
             gp = plan.groups[k]
@@ -433,9 +442,13 @@ def _svg(plan: FusionPlan) -> tuple[str, float, float]:
                 node = graph.nodes[n]
                 x, y = pos[n]
                 name = node.func_name or node.name
-                out.append(f'<rect class="opn" x="{x:.0f}" y="{y:.0f}" width="{NODE_W}" '
+                onnx = f"\nONNX: {', '.join(node.origins) or 'none'}" if plan.has_onnx_names \
+                    else ""
+                out.append(f'<g class="op-in"><title>{_esc(labels[(bi, n)])} = '
+                           f'{_esc(name)}{_esc(onnx)}</title>'
+                           f'<rect class="opn" x="{x:.0f}" y="{y:.0f}" width="{NODE_W}" '
                            f'height="{NODE_H}" rx="4"/><text class="opt" x="{x + 8:.0f}" '
-                           f'y="{y + 15:.0f}">{_esc(name[:22])}</text>')
+                           f'y="{y + 15:.0f}">{_esc(_fit(name))}</text></g>')
             out.append("</g>")
             parts.append("".join(out))
         y0 += h + 3 * PAD
@@ -568,7 +581,8 @@ header h1{margin:0;font-size:19px;font-weight:600}
 header .meta{color:#aab3c5;font-size:12.5px;margin-top:3px}
 main{display:grid;grid-template-columns:minmax(0,1fr) 390px;gap:16px;padding:16px 22px}
 .card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:12px 14px}
-.graph{overflow:auto;max-height:78vh}
+.graph{align-self:start}
+.gview{overflow:auto;max-height:72vh}
 h2{font-size:14px;margin:0 0 8px;color:#475069;text-transform:uppercase;letter-spacing:.04em}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eceff3}
@@ -671,7 +685,7 @@ _JS = r"""
     e.addEventListener('keydown', function(ev){if(ev.key==='Enter') show(+k);});
   });
   // zoom: "fit" scales the graph to the card's width (every kernel in view), "100%" is
-  // the drawing's own size, panned by scrolling the card
+  // the drawing's own size, panned by scrolling the graph's view (the buttons stay put)
   var graph = document.getElementById('graph');
   document.querySelectorAll('.zoom button').forEach(function(b){
     b.addEventListener('click', function(){
@@ -750,8 +764,9 @@ def render_html(plan: FusionPlan, title: str = "fusion plan",
 <main>
 <section class="card graph"><div class="zoom"><button data-zoom="fit" class="on">fit width
 </button><button data-zoom="1">100%</button></div><h2>kernels ({len(plan.groups)})</h2>
-<svg xmlns="http://www.w3.org/2000/svg" id="graph" class="fit" width="{w:.0f}"
- height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}" role="img" aria-label="fusion graph">{svg}</svg>
+<div class="gview" id="graph-view"><svg xmlns="http://www.w3.org/2000/svg" id="graph"
+ class="fit" width="{w:.0f}" height="{h:.0f}" viewBox="0 0 {w:.0f} {h:.0f}" role="img"
+ aria-label="fusion graph">{svg}</svg></div>
 <div class="legend">Each coloured box is one kernel; its ops run top to bottom. Dashed curves
 carry a tensor through memory between kernels; grey dashed ops are not kernels (tuples,
 views). Click a kernel for its details and the reason for each boundary.</div>

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,9 +21,12 @@ from fusion_tvm.report import (
     render_html,
     render_text,
 )
+from fusion_tvm.testing.browser import Chromium, find_chromium
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "fusion_tvm" / "examples" / "detection_head.onnx"
-CHROMIUM = Path("/usr/bin/chromium")
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    find_chromium() is None, reason="no chromium binary on PATH (apt-get install chromium): "
+    "the report is not opened in a browser")
 
 
 @pytest.fixture(scope="module")
@@ -190,30 +193,123 @@ def test_html_graph_fits_the_window_by_default(plan):
     assert 'data-zoom="fit"' in page and 'data-zoom="1"' in page
 
 
-def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def browser():
+    with Chromium(timeout=120) as chromium:
+        yield chromium
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install "
-                    "chromium)")
-def test_html_renders_in_chromium(plan, tmp_path):
+@NEEDS_CHROMIUM
+def test_html_renders_in_chromium(plan, tmp_path, browser):
     page = tmp_path / "plan.html"
     page.write_text(render_html(plan, title="detection head"))
-    dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    drawn = set(re.findall(r'<g class="group[^"]*" data-group="(\d+)"', dom.stdout))
-    assert drawn == {str(k) for k in range(len(plan.groups))}
+    tab = browser.open(page, 1280, 900)
+    drawn = tab.evaluate("[].map.call(document.querySelectorAll('#graph g.group'), "
+                         "function(g){return +g.getAttribute('data-group');})")
+    assert sorted(drawn) == list(range(len(plan.groups)))
     # the script ran: it marks the body and filled the details panel for kernel 0
-    assert f'data-ready="{len(plan.groups)}"' in dom.stdout
-    assert "why the boundary is here" in dom.stdout
-    shot = tmp_path / "plan.png"
-    res = _chromium(tmp_path, "--hide-scrollbars", "--window-size=1280,900",
-                    f"--screenshot={shot}", page.as_uri())
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert tab.evaluate("document.body.getAttribute('data-ready')") == str(len(plan.groups))
+    assert "why the boundary is here" in tab.evaluate("document.getElementById('details')"
+                                                      ".innerText.toLowerCase()")
+    assert tab.screenshot()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: What a window shows of the report: every kernel box in "fit width" and in "100%" (the
+#: report's zoom buttons) against the graph's view and its scroll area, the zoom buttons,
+#: op names running out of their boxes, the model card, the speedup row's text and colour.
+_MEASURE = r"""(function(){
+  function box(e){var r=e.getBoundingClientRect();
+    return {l:r.left, t:r.top, r:r.right, b:r.bottom};}
+  var card=document.getElementById('graph-view'), svg=document.getElementById('graph');
+  function measure(){
+    return {card:box(card), scrollW:card.scrollWidth, scrollH:card.scrollHeight,
+      clientW:card.clientWidth, clientH:card.clientHeight,
+      scale:svg.getBoundingClientRect().width/svg.viewBox.baseVal.width,
+      groups:[].map.call(svg.querySelectorAll('g.group'), function(g){
+        return {k:+g.getAttribute('data-group'), box:box(g.querySelector('rect.box'))};})};}
+  var out={vw:innerWidth, vh:innerHeight, docW:document.documentElement.scrollWidth,
+    fit:measure()};
+  document.querySelector('.zoom button[data-zoom="1"]').click();
+  out.full=measure();
+  card.scrollTop=card.scrollHeight; card.scrollLeft=card.scrollWidth;  // panned to the end
+  out.zoomAfterPan=box(document.querySelector('.zoom'));
+  card.scrollTop=0; card.scrollLeft=0;
+  document.querySelector('.zoom button[data-zoom="fit"]').click();
+  var sig=document.getElementById('signature');
+  out.sig=sig ? {box:box(sig), text:sig.innerText} : null;
+  out.spill=[].filter.call(svg.querySelectorAll('g.group text.opt, g.op text'),
+    function(t){var r=t.parentNode.querySelector('rect').getBoundingClientRect();
+      return t.getBoundingClientRect().right > r.right + 0.5;}).map(function(t){
+      return t.textContent;});
+  var speed=document.querySelector('tr.speed td:last-child');
+  out.speed={text:speed.innerText, color:getComputedStyle(speed).color};
+  return out;
+})()"""
+
+
+def _rgb(css: str) -> tuple[int, int, int]:
+    r, g, b = (int(v) for v in re.findall(r"\d+", css)[:3])
+    return r, g, b
+
+
+@NEEDS_CHROMIUM
+def test_report_in_a_1400x1000_window(plan, tmp_path, browser):
+    """The HTML report of the bundled example, as ``fusion-tvm plan --html`` writes it,
+    opened in a 1400x1000 viewport: every kernel box of the graph is in the window or
+    reachable with the report's own zoom and pan (fit width: inside the graph view's width,
+    reached by scrolling it; 100%: inside its scroll area; the zoom buttons stay in view),
+    no op name runs out of its box, the model's inputs and outputs are in the first screen,
+    and a predicted slowdown is red, a speedup green."""
+    import copy
+
+    from fusion_tvm.api import model_signature
+
+    ins, outs = model_signature(load_model(str(EXAMPLE)))
+    path = tmp_path / "report.html"
+    path.write_text(render_html(plan, title="detection_head.onnx", inputs=ins, outputs=outs))
+    found = browser.open(path, 1400, 1000).evaluate(_MEASURE)
+    assert (found["vw"], found["vh"]) == (1400, 1000)
+    assert found["docW"] <= found["vw"], "the page scrolls sideways"
+    for mode in ("fit", "full"):
+        m = found[mode]
+        card = m["card"]
+        assert card["l"] >= 0 and card["r"] <= found["vw"] and 0 <= card["t"] < found["vh"]
+        assert sorted(g["k"] for g in m["groups"]) == list(range(len(plan.groups)))
+        for g in m["groups"]:
+            b = g["box"]
+            # reachable: inside the card's scrollable content (the card is at scroll 0)
+            assert b["l"] >= card["l"] - 1 and b["t"] >= card["t"] - 1, (mode, g)
+            assert b["r"] <= card["l"] + m["scrollW"] + 1, (mode, g, m["scrollW"])
+            assert b["b"] <= card["t"] + m["scrollH"] + 1, (mode, g, m["scrollH"])
+            if mode == "fit":  # no sideways panning needed
+                assert b["r"] <= card["l"] + m["clientW"] + 1, (g, m["clientW"])
+    zoom = found["zoomAfterPan"]  # the zoom buttons stay in the window while panning
+    assert 0 <= zoom["t"] and zoom["b"] <= found["vh"] and zoom["r"] <= found["vw"]
+    assert 0.5 <= found["fit"]["scale"] <= 1.0 + 1e-6  # fitted, and still legible
+    assert abs(found["full"]["scale"] - 1.0) < 1e-3
+    sig = found["sig"]
+    assert sig is not None and sig["box"]["b"] <= found["vh"] and sig["box"]["r"] <= 1400
+    assert all(t.name in sig["text"] for t in (*ins, *outs))
+    assert "float32[1, 3, 64, 64]" in sig["text"] and sig["text"].count("output") == len(outs)
+    assert found["spill"] == []
+    r, g, _ = _rgb(found["speed"]["color"])
+    assert plan.predicted_speedup > 1 and g > 2 * r, found["speed"]  # a gain reads green
+
+    slower = copy.copy(plan)
+    slower.fuseops_time_s = plan.predicted_time_s / 2
+    path.write_text(render_html(slower, inputs=ins, outputs=outs))
+    slow = browser.open(path, 1400, 1000).evaluate(_MEASURE)
+    assert slow["speed"]["text"].startswith("0.50x")
+    r, g, _ = _rgb(slow["speed"]["color"])
+    assert r > 2 * g, slow["speed"]  # a slowdown reads red, not as a gain
+
+    # long op names (MobileNet's depthwise_conv2d_nchwc3) are cut to their box, not spilled
+    longer = copy.copy(plan)
+    longer.blocks = [dataclasses.replace(b, graph=dataclasses.replace(b.graph, nodes=[
+        dataclasses.replace(n, func_name=n.func_name and "depthwise_conv2d_nchwc" + n.func_name)
+        for n in b.graph.nodes])) for b in plan.blocks]
+    path.write_text(render_html(longer))
+    assert browser.open(path, 1400, 1000).evaluate(_MEASURE)["spill"] == []
 
 
 # ------------------------------------------------------------- synthetic multi-block plans
