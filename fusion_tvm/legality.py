@@ -445,22 +445,32 @@ def _descendants(graph: FusionGraph, node: int, within: frozenset[int]) -> set[i
     return reachable(graph.succs, node, within)
 
 
-def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c,
-                        staged: set[int] = frozenset()) -> FusionDecision:
-    """Ops after a matmul/conv run on its output tiles: each may read an in-group value at
-    most once per element (a Concat(t, t) or a broadcast of the result would need tiles the
-    kernel never computes; fuzz seeds 154 and 5096)."""
-    out = c.outputs[0]
-    stack = [v for v in graph.succs[c.id] if v in group]
-    seen = set()
+def _stage_after(graph: FusionGraph, group: frozenset[int], node, stop=frozenset()):
+    """The ops of ``group`` downstream of ``node`` that run in its stage, depth first: the
+    walk does not pass a contraction (a chained matmul/conv has its own epilogue, where
+    templates allow one) nor an op in ``stop``."""
+    stack = [v for v in graph.succs[node.id] if v in group]
+    seen: set[int] = set()
     while stack:
         v = stack.pop()
         if v in seen:
             continue
         seen.add(v)
-        node = graph.nodes[v]
-        if node.is_contraction or v in staged:  # staged: the row pass after the GEMM
-            continue  # a chained matmul/conv (where templates allow it) has its own epilogue
+        op = graph.nodes[v]
+        if op.is_contraction or v in stop:
+            continue
+        yield op
+        stack.extend(s for s in graph.succs[v] if s in group)
+
+
+def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c,
+                        staged: set[int] = frozenset()) -> FusionDecision:
+    """Ops after a matmul/conv run on its output tiles: each may read an in-group value at
+    most once per element (a Concat(t, t) or a broadcast of the result would need tiles the
+    kernel never computes; fuzz seeds 154 and 5096). ``staged``: the row pass after the
+    GEMM, which reads whole rows."""
+    out = c.outputs[0]
+    for node in _stage_after(graph, group, c, staged):
         for k, tid in enumerate(node.inputs):
             if graph.tensors[tid].producer in group and node.reuse(k, graph.dims) > 1.0 + 1e-9:
                 return FusionDecision.forbid(
@@ -468,7 +478,6 @@ def _epilogue_maps_onto(graph: FusionGraph, group: frozenset[int], c,
                     f"so it cannot run on the output tiles of {c.name} "
                     f"({graph.tensors[out].name})"
                 )
-        stack.extend(s for s in graph.succs[v] if s in group)
     return FusionDecision.allow()
 
 
@@ -489,11 +498,14 @@ def _rows_map_once(graph: FusionGraph, group: frozenset[int], r) -> FusionDecisi
     return FusionDecision.allow()
 
 
+def _same_dim(x, y) -> bool:
+    if isinstance(x, int) and isinstance(y, int):
+        return x == y
+    return tvm_ffi.structural_equal(x, y)
+
+
 def _same_dims(a, b) -> bool:
-    if len(a) != len(b):
-        return False
-    return all(x == y if isinstance(x, int) and isinstance(y, int)
-               else tvm_ffi.structural_equal(x, y) for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(_same_dim(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _row_rank(graph: FusionGraph, r) -> int:
@@ -507,7 +519,7 @@ def _row_rank(graph: FusionGraph, r) -> int:
     out = graph.tensors[r.outputs[0]].shape
     data = graph.tensors[r.inputs[0]].shape if r.inputs else ()
     prefix = 0
-    while prefix < min(len(out), len(data)) and _same_dims([out[prefix]], [data[prefix]]):
+    while prefix < min(len(out), len(data)) and _same_dim(out[prefix], data[prefix]):
         prefix += 1
     return min(rank, prefix, len(out))
 
@@ -522,16 +534,7 @@ def _rows_kept(graph: FusionGraph, group: frozenset[int], r, rank: int) -> Fusio
     if rank == 0:
         return FusionDecision.allow()
     rows = graph.tensors[r.outputs[0]].shape[:rank]
-    stack = [v for v in graph.succs[r.id] if v in group]
-    seen: set[int] = set()
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        node = graph.nodes[v]
-        if node.is_contraction:
-            continue
+    for node in _stage_after(graph, group, r):
         if node.pattern is PatternKind.INJECTIVE:
             out = graph.tensors[node.outputs[0]].shape
             if not _same_dims(out[:rank], rows):
@@ -539,7 +542,6 @@ def _rows_kept(graph: FusionGraph, group: frozenset[int], r, rank: int) -> Fusio
                     f"{node.name} moves the rows of {r.name} (leading axes "
                     f"{list(rows)} become {list(out[:rank])}), so it cannot run in its row "
                     "loop")
-        stack.extend(s for s in graph.succs[v] if s in group)
     return FusionDecision.allow()
 
 

@@ -22,7 +22,8 @@ FLOORS: dict[str, int] = {}
 _LAYOUT = [
     ("ground", ["errors", "threads", "shape_hints", "ops", "attrs", "hardware", "presets",
                 "kernel_model"]),
-    ("IR", ["tir_analysis", "tir_expr", "online_softmax", "origins", "frontend.",
+    ("IR", ["tir_analysis", "tir_expr", "online_softmax", "origins", "relax_rewrite",
+            "frontend.",
             "targets.tir_writer"]),
     ("engine", ["graph", "chain_stages", "legality", "search", "grouping",
                 "baseline", "plan", "explain", "cost_models.base", "tuning_db"]),

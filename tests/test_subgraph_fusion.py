@@ -15,6 +15,7 @@ from benchmarks.zoo import example_inputs
 from benchmarks.zoo.builder import GraphBuilder
 from fusion_tvm.legality import FusionKinds
 from fusion_tvm.search import SearchConfig
+from fusion_tvm.targets.schedule import applied_rules
 
 HW = "ci-x86-avx2"
 
@@ -134,15 +135,13 @@ def test_weight_folding_removes_batchnorm_ops():
 
 @pytest.mark.parametrize("form,rule", [("online", "flash_attention"), ("rowwise", "attention")])
 def test_attention_is_one_kernel_scheduled_by_the_attention_rule(form, rule):
-    from tvm import tirx
 
     from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
 
     for name in ("attention", "attention_causal"):
         model = CASES[name](True)
         ours = _build(model, target=LLVMCPUBackend(softmax=form))
-        rules = [str(f.attrs["fusion_tvm.rule"]) for f in ours.fused_mod.functions.values()
-                 if isinstance(f, tirx.PrimFunc) and f.attrs and "fusion_tvm.rule" in f.attrs]
+        rules = list(applied_rules(ours.fused_mod).values())
         assert rules == [rule], name
         _assert_same(ours, _build(model, fusion="none"), inputs(model, seed=3))
 
@@ -150,15 +149,8 @@ def test_attention_is_one_kernel_scheduled_by_the_attention_rule(form, rule):
 def test_attention_needs_a_backend_template():
     """Without ``TemplateLimits.attention`` the chain is never one group."""
     from fusion_tvm.legality import TemplateLimits, attention_chain, check_templates
-    from fusion_tvm.pipeline import make_pipeline
 
-    model = CASES["attention"](True)
-    parts = make_pipeline(hw=HW)
-    with parts.target:
-        parts.fuse(parts.prepare(fusion_tvm.frontend.load_model(model).mod))
-    plan = parts.fuse_pass.plan
-    (block,) = plan.blocks
-    graph = block.graph
+    graph = _graph_of(CASES["attention"](True))
     group = frozenset(g for g in graph.fusible_nodes)
     assert attention_chain(graph, group)
     assert check_templates(graph, group, TemplateLimits(attention=True))

@@ -31,7 +31,8 @@ from tvm import relax, tirx
 from ..cost_models.roofline import RooflineCostModel, shape_class
 from ..hardware import DeviceKind, HardwareSpec, OpClass
 from ..legality import FusionDecision
-from ..targets.llvm_cpu.layout import ConvertToNCHWc, channel_block, choose_block, static_shape
+from ..relax_rewrite import static_shape
+from ..targets.llvm_cpu.layout import ConvertToNCHWc, channel_block, choose_block
 from ..targets.llvm_cpu.parallel import conv_parallel_pays, parallel_pays
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")

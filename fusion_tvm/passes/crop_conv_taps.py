@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+from ..relax_rewrite import conv2d_like, is_nchw_conv, rewrite_calls, static_shape
 
 
 def _static(expr) -> list[int] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    return [int(d) for d in dims] if all(isinstance(d, tirx.IntImm) for d in dims) else None
+    dims = static_shape(expr)
+    return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
 
 
 def useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
@@ -36,9 +33,9 @@ def useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
 
 def cropped(call: relax.Call) -> tuple[list[int], list[int], list[int], list[int]] | None:
     """``(begin taps, end taps, padding, dilation)`` of the cropped conv, None to keep it."""
-    a = call.attrs
-    if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
+    if not is_nchw_conv(call):
         return None
+    a = call.attrs
     x, w, y = _static(call.args[0]), _static(call.args[1]), _static(call)
     if x is None or w is None or y is None or len(x) != 4 or len(w) != 4 or len(y) != 4:
         return None
@@ -70,34 +67,18 @@ def cropped(call: relax.Call) -> tuple[list[int], list[int], list[int], list[int
     return begin, end, [*before, *after], dil
 
 
-@relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.count = 0
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
-                and call.op.same_as(_CONV2D)):
-            return call
-        crop = cropped(call)
-        if crop is None:
-            return call
-        begin, end, padding, dilation = crop
-        x, w = call.args
-        a = call.attrs
-        if isinstance(w, tvm.ir.expr.Constant):  # stays a constant for the weight-folding passes
-            weight = relax.const(np.ascontiguousarray(
-                w.value.numpy()[:, :, begin[0]:end[0], begin[1]:end[1]]))
-        else:
-            weight = self.builder_.emit(
-                relax.op.strided_slice(w, axes=[2, 3], begin=begin, end=end))
-        self.count += 1
-        return relax.op.nn.conv2d(
-            x, weight, strides=a.strides, padding=padding, dilation=dilation,
-            groups=int(a.groups), data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW",
-            out_dtype=a.out_dtype)
+def _rewrite(call: relax.Call, bb: relax.BlockBuilder) -> relax.Expr | None:
+    crop = cropped(call)
+    if crop is None:
+        return None
+    begin, end, padding, dilation = crop
+    x, w = call.args
+    if isinstance(w, tvm.ir.expr.Constant):  # stays a constant for the weight-folding passes
+        weight = relax.const(np.ascontiguousarray(
+            w.value.numpy()[:, :, begin[0]:end[0], begin[1]:end[1]]))
+    else:
+        weight = bb.emit(relax.op.strided_slice(w, axes=[2, 3], begin=begin, end=end))
+    return conv2d_like(call, x, weight, padding=padding, dilation=dilation)
 
 
 @tvm.transform.module_pass(opt_level=0, name="CropConvTaps")
@@ -106,10 +87,4 @@ class CropConvTaps:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite every qualifying conv of every Relax function."""
-        rewriter = _Rewriter(mod)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        if not rewriter.count:
-            return mod
-        return rewriter.builder_.get()
+        return rewrite_calls(mod, "relax.nn.conv2d", _rewrite)

@@ -6,10 +6,9 @@ import collections
 
 import numpy as np
 import pytest
-import tvm
 
 import fusion_tvm
-from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
+from fusion_tvm.targets.schedule import applied_rules
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes
 
@@ -27,9 +26,7 @@ def _heads():
 
 
 def _rules(compiled) -> collections.Counter:
-    return collections.Counter(
-        str(f.attrs[RULE_ATTR]) for _, f in compiled.fused_mod.functions.items()
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and RULE_ATTR in f.attrs)
+    return collections.Counter(applied_rules(compiled.fused_mod).values())
 
 
 def test_padded_heads_are_blocked_and_match_onnxruntime():

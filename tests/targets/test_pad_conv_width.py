@@ -6,10 +6,9 @@ import collections
 
 import numpy as np
 import pytest
-import tvm
 
 import fusion_tvm
-from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
+from fusion_tvm.targets.schedule import applied_rules
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes
 
@@ -41,9 +40,7 @@ def test_narrow_depthwise_convs_run_on_the_conv_template(size):
     got = compiled.run(feeds)
     got = got[0] if isinstance(got, (list, tuple)) else got
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    rules = collections.Counter(
-        str(f.attrs[RULE_ATTR]) for _, f in compiled.fused_mod.functions.items()
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and RULE_ATTR in f.attrs)
+    rules = collections.Counter(applied_rules(compiled.fused_mod).values())
     # before: the window nest (reduction rule) or the fallback took them, 2.4-3.5 GFLOP/s
     assert rules["conv2d"] == 3, rules
     assert rules["fallback"] == 0 and rules["reduction"] == 0, rules

@@ -10,8 +10,8 @@ import tvm
 from tvm import relax
 
 import fusion_tvm
-from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
 from fusion_tvm.targets.llvm_cpu.pointwise_conv import PointwiseConvAsMatmul
+from fusion_tvm.targets.schedule import applied_rules
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes
 RNG = np.random.default_rng(0)
@@ -99,9 +99,7 @@ def test_odd_channel_block_matches_onnxruntime_with_matmul_kernels():
     got = compiled.run(feeds)
     got = got[0] if isinstance(got, (list, tuple)) else got
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
-    rules = collections.Counter(
-        str(f.attrs[RULE_ATTR]) for _, f in compiled.fused_mod.functions.items()
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and RULE_ATTR in f.attrs)
+    rules = collections.Counter(applied_rules(compiled.fused_mod).values())
     # the expand and the projection are matmuls, the SE convs (1x1 image) and the
     # depthwise conv stay convs; nothing on the fallback
     assert rules["matmul"] == 2, rules

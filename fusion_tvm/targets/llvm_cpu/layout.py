@@ -29,6 +29,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, te, tirx, topi
 
+from ...relax_rewrite import static_shape
+
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
@@ -59,14 +61,6 @@ _SPATIAL_REDUCE = {tvm.ir.Op.get(f"relax.{name}"): getattr(relax.op, name)
                    for name in ("mean", "sum", "max", "min")}
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _BLOCKED_KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
-
-
-def static_shape(expr: relax.Expr) -> list[int | tirx.PrimExpr] | None:
-    """``expr``'s shape, constant dims as ints (None when the shape is not known)."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return [int(d) if isinstance(d, tirx.IntImm) else d for d in ty.shape.values]
 
 
 def _conv_dims(call: relax.Call) -> tuple[int, int, int, float] | None:

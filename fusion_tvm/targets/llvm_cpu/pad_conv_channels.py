@@ -13,9 +13,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .layout import MIN_WINDOW_BLOCK, channel_block, static_shape
+from ...relax_rewrite import conv2d_like, is_nchw_conv, rewrite_calls, static_shape
+from .layout import MIN_WINDOW_BLOCK, channel_block
 
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 #: The most extra work the padding may add (as a share of the conv's own).
 MAX_WASTE = 0.25
 
@@ -28,9 +28,7 @@ def padded_channels(call: relax.Call, lanes: int) -> int | None:
     divides (not even the narrowest, ``MIN_WINDOW_BLOCK``), when the zero filters add at
     most ``MAX_WASTE`` of the work.
     """
-    a = call.attrs
-    if (a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW"
-            or int(a.groups) != 1):
+    if not is_nchw_conv(call) or int(call.attrs.groups) != 1:
         return None
     x, w = static_shape(call.args[0]), static_shape(call.args[1])
     if x is None or w is None or len(x) != 4 or not all(isinstance(d, int) for d in w):
@@ -40,33 +38,6 @@ def padded_channels(call: relax.Call, lanes: int) -> int | None:
         return None  # a narrower channel block takes it (ShuffleNetV2's 116 channels: 4)
     padded = -(-w[0] // lanes) * lanes
     return padded if padded - w[0] <= MAX_WASTE * w[0] else None
-
-
-@relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int):
-        super().__init__(mod)
-        self.lanes = lanes
-        self.count = 0
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CONV2D)):
-            return call
-        padded = padded_channels(call, self.lanes)
-        if padded is None:
-            return call
-        x, w = call.args
-        f = static_shape(w)[0]
-        a = call.attrs
-        weight = self.builder_.emit(
-            relax.op.nn.pad(w, [0, padded - f, 0, 0, 0, 0, 0, 0]))
-        y = self.builder_.emit(relax.op.nn.conv2d(
-            x, weight, strides=a.strides, padding=a.padding, dilation=a.dilation,
-            groups=int(a.groups), data_layout="NCHW", kernel_layout="OIHW",
-            out_layout="NCHW", out_dtype=a.out_dtype))
-        self.count += 1
-        return relax.op.strided_slice(y, axes=[1], begin=[0], end=[f])
 
 
 @tvm.transform.module_pass(opt_level=0, name="PadConvChannels")
@@ -85,10 +56,14 @@ class PadConvChannels:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Pad every qualifying conv of every Relax function."""
-        rewriter = _Rewriter(mod, self.lanes)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        if not rewriter.count:
-            return mod
-        return relax.transform.CanonicalizeBindings()(rewriter.builder_.get())
+        return rewrite_calls(mod, "relax.nn.conv2d", self._rewrite, canonicalize=True)
+
+    def _rewrite(self, call: relax.Call, bb: relax.BlockBuilder) -> relax.Expr | None:
+        padded = padded_channels(call, self.lanes)
+        if padded is None:
+            return None
+        x, w = call.args
+        f = static_shape(w)[0]
+        weight = bb.emit(relax.op.nn.pad(w, [0, padded - f, 0, 0, 0, 0, 0, 0]))
+        y = bb.emit(conv2d_like(call, x, weight))
+        return relax.op.strided_slice(y, axes=[1], begin=[0], end=[f])

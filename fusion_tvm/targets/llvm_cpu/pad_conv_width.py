@@ -13,10 +13,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ...relax_rewrite import conv2d_like, is_nchw_conv, rewrite_calls, static_shape
 from ._util import pick_vector_width
-from .layout import static_shape
 
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 #: The most extra columns the padding may add (as a share of the row).
 MAX_WASTE = 0.34
 #: Narrowest vector the conv template takes along a row.
@@ -30,8 +29,7 @@ def padded_width(call: relax.Call, lanes: int) -> int | None:
     ``MIN_VECTOR`` lanes divides it), unless dense with a lane multiple of output channels
     (the template's channel-vector kernel takes those).
     """
-    a = call.attrs
-    if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
+    if not is_nchw_conv(call):
         return None
     y, w = static_shape(call), static_shape(call.args[1])
     if y is None or w is None or len(y) != 4 or not all(isinstance(d, int) for d in y[1:]):
@@ -39,39 +37,13 @@ def padded_width(call: relax.Call, lanes: int) -> int | None:
     channels, width = y[1], y[3]
     if pick_vector_width(width, lanes) >= MIN_VECTOR:
         return None
-    if int(a.groups) == 1 and channels % lanes == 0:
+    if int(call.attrs.groups) == 1 and channels % lanes == 0:
         return None
     for vec in (lanes, MIN_VECTOR):
         padded = -(-width // vec) * vec
         if padded - width <= MAX_WASTE * width:
             return padded
     return None
-
-
-@relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int):
-        super().__init__(mod)
-        self.lanes = lanes
-        self.count = 0
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CONV2D)):
-            return call
-        padded = padded_width(call, self.lanes)
-        if padded is None:
-            return call
-        a = call.attrs
-        width = static_shape(call)[3]
-        top, left, bottom, right = (int(p) for p in a.padding)
-        right += (padded - width) * int(a.strides[1])
-        y = self.builder_.emit(relax.op.nn.conv2d(
-            call.args[0], call.args[1], strides=a.strides, padding=[top, left, bottom, right],
-            dilation=a.dilation, groups=int(a.groups), data_layout="NCHW",
-            kernel_layout="OIHW", out_layout="NCHW", out_dtype=a.out_dtype))
-        self.count += 1
-        return relax.op.strided_slice(y, axes=[3], begin=[0], end=[width])
 
 
 @tvm.transform.module_pass(opt_level=0, name="PadConvWidth")
@@ -89,10 +61,14 @@ class PadConvWidth:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite every qualifying conv of every Relax function."""
-        rewriter = _Rewriter(mod, self.lanes)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        if not rewriter.count:
-            return mod
-        return rewriter.builder_.get()
+        return rewrite_calls(mod, "relax.nn.conv2d", self._rewrite)
+
+    def _rewrite(self, call: relax.Call, bb: relax.BlockBuilder) -> relax.Expr | None:
+        padded = padded_width(call, self.lanes)
+        if padded is None:
+            return None
+        width = static_shape(call)[3]
+        top, left, bottom, right = (int(p) for p in call.attrs.padding)
+        right += (padded - width) * int(call.attrs.strides[1])
+        y = bb.emit(conv2d_like(call, *call.args, padding=[top, left, bottom, right]))
+        return relax.op.strided_slice(y, axes=[3], begin=[0], end=[width])

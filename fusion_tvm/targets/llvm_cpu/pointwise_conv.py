@@ -12,10 +12,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
+from ...relax_rewrite import is_nchw_conv, rewrite_calls, static_shape
 from ._util import pick_vector_width
-from .layout import static_shape
-
-_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 
 
 def _ints(values) -> list[int] | None:
@@ -31,8 +29,7 @@ def rewritable(call: relax.Call, lanes: int) -> bool:
     epilogue is worth more than the layout (measured 1.1x slower as matmuls, EfficientNet-B0).
     """
     a = call.attrs
-    if (a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW"
-            or int(a.groups) != 1 or _ints(a.strides) != [1, 1]
+    if (not is_nchw_conv(call) or int(a.groups) != 1 or _ints(a.strides) != [1, 1]
             or _ints(a.dilation) != [1, 1] or _ints(a.padding) != [0, 0, 0, 0]):
         return False
     x, w = static_shape(call.args[0]), static_shape(call.args[1])
@@ -47,28 +44,6 @@ def rewritable(call: relax.Call, lanes: int) -> bool:
     if not isinstance(h, int) or not isinstance(width, int):
         return True  # symbolic image: the row width is unknown, the matmul is safe
     return h * width > 1 and pick_vector_width(width, lanes) < lanes
-
-
-@relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, lanes: int):
-        super().__init__(mod)
-        self.lanes = lanes
-        self.count = 0
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CONV2D)
-                and rewritable(call, self.lanes)):
-            return call
-        x, w = call.args
-        n, c, h, width = static_shape(x)
-        f = static_shape(w)[0]
-        weight = self.builder_.emit(relax.op.reshape(w, [f, c]))
-        rows = self.builder_.emit(relax.op.reshape(x, [n, c, h * width]))
-        y = self.builder_.emit(relax.op.matmul(weight, rows))
-        self.count += 1
-        return relax.op.reshape(y, [n, f, h, width])
 
 
 @tvm.transform.module_pass(opt_level=0, name="PointwiseConvAsMatmul")
@@ -86,10 +61,15 @@ class PointwiseConvAsMatmul:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite every qualifying conv of every Relax function."""
-        rewriter = _Rewriter(mod, self.lanes)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        if not rewriter.count:
-            return mod
-        return relax.transform.CanonicalizeBindings()(rewriter.builder_.get())
+        return rewrite_calls(mod, "relax.nn.conv2d", self._rewrite, canonicalize=True)
+
+    def _rewrite(self, call: relax.Call, bb: relax.BlockBuilder) -> relax.Expr | None:
+        if not rewritable(call, self.lanes):
+            return None
+        x, w = call.args
+        n, c, h, width = static_shape(x)
+        f = static_shape(w)[0]
+        weight = bb.emit(relax.op.reshape(w, [f, c]))
+        rows = bb.emit(relax.op.reshape(x, [n, c, h * width]))
+        y = bb.emit(relax.op.matmul(weight, rows))
+        return relax.op.reshape(y, [n, f, h, width])

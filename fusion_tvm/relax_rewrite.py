@@ -1,0 +1,75 @@
+"""One-op rewrites of Relax modules: the mutator the graph-level conv passes share.
+
+A pass names the op it rewrites and a function returning the replacement of one call (or
+None to keep it); :func:`rewrite_calls` visits every Relax function of the module with it.
+The replacement may emit bindings of its own through the builder it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import relax, tirx
+
+#: ``(call, builder) -> replacement or None``
+Rewrite = Callable[[relax.Call, relax.BlockBuilder], "relax.Expr | None"]
+
+
+def static_shape(expr: relax.Expr) -> list[int | tirx.PrimExpr] | None:
+    """``expr``'s shape, constant dims as ints (None when the shape is not known)."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return [int(d) if isinstance(d, tirx.IntImm) else d for d in ty.shape.values]
+
+
+@relax.expr_functor.mutator
+class _CallRewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, op: tvm.ir.Op, rewrite: Rewrite):
+        super().__init__(mod)
+        self.op = op
+        self.rewrite = rewrite
+        self.count = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                and call.op.same_as(self.op)):
+            return call
+        new = self.rewrite(call, self.builder_)
+        if new is None:
+            return call
+        self.count += 1
+        return new
+
+
+def rewrite_calls(mod: tvm.IRModule, op_name: str, rewrite: Rewrite,
+                  canonicalize: bool = False) -> tvm.IRModule:
+    """``mod`` with every call of ``op_name`` that ``rewrite`` replaces replaced; ``mod``
+    itself when it replaces none. ``canonicalize``: fold the alias bindings left behind."""
+    rewriter = _CallRewriter(mod, tvm.ir.Op.get(op_name), rewrite)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    if not rewriter.count:
+        return mod
+    out = rewriter.builder_.get()
+    return relax.transform.CanonicalizeBindings()(out) if canonicalize else out
+
+
+def is_nchw_conv(call: relax.Call) -> bool:
+    """Whether ``call`` (a conv2d) reads NCHW data, OIHW weights and writes NCHW."""
+    a = call.attrs
+    return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
+
+
+def conv2d_like(call: relax.Call, x: relax.Expr, weight: relax.Expr, **changes) -> relax.Call:
+    """An NCHW ``relax.nn.conv2d`` with ``call``'s attributes but for ``changes``
+    (``strides``, ``padding``, ``dilation``, ``groups``)."""
+    a = call.attrs
+    attrs = dict(strides=a.strides, padding=a.padding, dilation=a.dilation,
+                 groups=int(a.groups))
+    attrs.update(changes)
+    return relax.op.nn.conv2d(x, weight, data_layout="NCHW", kernel_layout="OIHW",
+                              out_layout="NCHW", out_dtype=a.out_dtype, **attrs)
