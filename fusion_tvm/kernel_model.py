@@ -123,6 +123,12 @@ class KernelModel:
         """Serial main loop, staged copies and recomputation of the kernel (CPU)."""
         return None
 
+    def hoists_broadcasts(self, rule: str) -> bool | None:
+        """Whether ``rule``'s kernels keep the loops of their elementwise ops apart, in
+        row-major order, so the compiler hoists a broadcast value out of the loops it does
+        not vary along (evaluated once per iteration of the outer ones, not per element)."""
+        return None
+
     def gpu_kernel(self, graph, group: frozenset[int], rule: str,
                    hw: HardwareSpec) -> GpuKernel | None:
         """Launch shape and on-chip use of the kernel (GPU)."""

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from .ops import OpClass
@@ -148,47 +149,65 @@ class PrimFuncInfo:
         return max(1.0, self.read_ratio(param_index, dims))
 
 
+def _repeated(expr, seen: set) -> bool:
+    """Whether ``expr`` appeared earlier in the tree: a subexpression repeated (legalized
+    fast_exp / sigmoid / tanh repeat their clamped argument a dozen times) is computed
+    once after the compiler's common-subexpression elimination."""
+    key = ("expr", tvm_ffi.structural_hash(expr))
+    if key in seen:
+        return True
+    seen.add(key)
+    return False
+
+
+def _count_load(expr, loads: dict[str, int], seen: set) -> None:
+    src = getattr(expr, "source", None)
+    if src is None:
+        src = getattr(expr, "buffer", None)
+    name = getattr(src, "name", str(src))
+    # distinct elements read per iteration: the same index read twice (a polynomial
+    # using x several times) is one memory access
+    key = (name, str(list(expr.indices)))
+    if key not in seen:
+        seen.add(key)
+        loads[name] = loads.get(name, 0) + 1
+
+
+def _count_call(expr, ops: dict[OpClass, int], loads: dict[str, int], seen: set) -> None:
+    op_name = getattr(expr.op, "name", "")
+    if op_name == "tirx.pow" and _small_integer_exponent(expr.args[1]):
+        ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1  # x*x, x*x*x
+    elif op_name in TRANSCENDENTAL_OPS:
+        ops[OpClass.TRANSCENDENTAL] = ops.get(OpClass.TRANSCENDENTAL, 0) + 1
+    elif op_name not in ("tirx.reinterpret",):
+        ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
+    for a in expr.args:
+        if not isinstance(a, (str, int, float)):
+            _count(a, ops, loads, seen)
+
+
 def _count(expr, ops: dict[OpClass, int], loads: dict[str, int], seen: set) -> None:
+    kind = type(expr).__name__
+    compound = isinstance(expr, (*_ARITH, tirx.Select)) or kind == "Call"
+    if compound and _repeated(expr, seen):
+        return
     if isinstance(expr, _ARITH):
         ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
         _count(expr.a, ops, loads, seen)
         _count(expr.b, ops, loads, seen)
         return
-    kind = type(expr).__name__
     if kind in ("TensorLoad", "BufferLoad"):
-        src = getattr(expr, "source", None)
-        if src is None:
-            src = getattr(expr, "buffer", None)
-        name = getattr(src, "name", str(src))
-        # distinct elements read per iteration: the same index read twice (a polynomial
-        # using x several times) is one memory access
-        key = (name, str(list(expr.indices)))
-        if key not in seen:
-            seen.add(key)
-            loads[name] = loads.get(name, 0) + 1
-        return
-    if isinstance(expr, tirx.Cast):
+        _count_load(expr, loads, seen)
+    elif isinstance(expr, tirx.Cast):
         _count(expr.value, ops, loads, seen)
-        return
-    if isinstance(expr, tirx.Select):
+    elif isinstance(expr, tirx.Select):
         ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
         for sub in (expr.condition, expr.true_value, expr.false_value):
             _count(sub, ops, loads, seen)
-        return
-    if isinstance(expr, tirx.Not):
+    elif isinstance(expr, tirx.Not):
         _count(expr.a, ops, loads, seen)
-        return
-    if kind == "Call":
-        op_name = getattr(expr.op, "name", "")
-        if op_name == "tirx.pow" and _small_integer_exponent(expr.args[1]):
-            ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1  # x*x, x*x*x
-        elif op_name in TRANSCENDENTAL_OPS:
-            ops[OpClass.TRANSCENDENTAL] = ops.get(OpClass.TRANSCENDENTAL, 0) + 1
-        elif op_name not in ("tirx.reinterpret",):
-            ops[OpClass.ELEMENTWISE] = ops.get(OpClass.ELEMENTWISE, 0) + 1
-        for a in expr.args:
-            if not isinstance(a, (str, int, float)):
-                _count(a, ops, loads, seen)
+    elif kind == "Call":
+        _count_call(expr, ops, loads, seen)
 
 
 def count_ops(expr) -> dict[OpClass, int]:

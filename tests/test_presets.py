@@ -25,7 +25,16 @@ def test_host_simd_width_without_x86_flags_is_llvms(monkeypatch):
     assert presets.host_simd_bits(128) == 128
 
 
-def test_host_spec_registers_follow_the_width(monkeypatch):
+@pytest.fixture
+def fresh_host_spec():
+    """The host spec is read once per process (cached): read it again under the test's
+    flags, and again after it (an AVX-512 host once kept its cached 512-bit spec here)."""
+    presets.host_cpu.cache_clear()
+    yield
+    presets.host_cpu.cache_clear()
+
+
+def test_host_spec_registers_follow_the_width(monkeypatch, fresh_host_spec):
     monkeypatch.setattr(presets, "_cpu_flags", lambda: {"sse2", "avx", "avx2", "fma"})
     spec = presets.get_hardware("host")
     assert spec.simd_width_bits == 256 and spec.num_vector_registers == 16

@@ -151,6 +151,24 @@ def _operand_reads(node, k: int, dims, hw) -> float:
     return reuse
 
 
+def _hoisted_reads(graph: FusionGraph, node, tid: int) -> float | None:
+    """Evaluations of an inlined producer of ``tid`` per element of it, where ``node``
+    broadcasts it in a loop nest kept in row-major order with its innermost loop vectorised
+    (``KernelModel.hoists_broadcasts``): the compiler hoists a value out of
+    the loops it does not vary along, so it runs once per iteration of the loops outside
+    its last varying axis (a squeeze-excitation scale, ``[1, C, 1, 1, c]`` broadcast over
+    ``H x W``, once per channel, not once per pixel). None: not a broadcast of ``tid``."""
+    src, out = _dims_of(graph, tid), _dims_of(graph, node.outputs[0])
+    if len(src) > len(out):
+        return None
+    src = [1.0] * (len(out) - len(src)) + src
+    if any(s != o and s != 1 for s, o in zip(src, out, strict=True)):
+        return None
+    varying = [i for i in range(len(out) - 1) if src[i] != 1]
+    evals = math.prod(out[:max(varying, default=-1) + 1]) * (out[-1] if src[-1] != 1 else 1)
+    return evals / max(1.0, math.prod(src))
+
+
 def _row_reads(graph: FusionGraph, node, k: int, tid: int) -> float:
     """Reads per element of input ``k`` of ``node`` in a row-wise (reduction rule) kernel.
 
@@ -326,6 +344,7 @@ class RooflineCostModel(CostModel):
         if staged:
             return self._staged(graph, group, staged)
         rowwise = rule == "reduction"
+        hoisted = bool(self.kernels.hoists_broadcasts(rule))
         mult: dict[int, float] = {}
         published: list[int] = []
         internal_bytes = 0.0
@@ -350,6 +369,9 @@ class RooflineCostModel(CostModel):
                         _operand_reads(cnode, k, dims, hw)
                         for k, tid in enumerate(cnode.inputs) if tid == out
                     )
+                    if hoisted and not cnode.is_contraction and reads > 1.0:
+                        licm = _hoisted_reads(graph, cnode, out)
+                        reads = reads if licm is None else min(reads, max(1.0, licm))
                     m += mult[c] * reads
                 mult[n] = m + (1.0 if external else 0.0)
             else:

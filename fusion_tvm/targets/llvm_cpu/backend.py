@@ -105,6 +105,14 @@ class LLVMCPUBackend(Backend):
         return KernelTraits(kernel.rows_parallel, kernel.staged_bytes, dict(kernel.recompute),
                             kernel.regions)
 
+    def hoists_broadcasts(self, rule: str) -> bool:
+        """The contraction rules run their epilogue nests unfused, row-major, innermost
+        loop vectorised: LLVM hoists a squeeze-excitation scale computed from a tiny conv
+        out of the pixel loops (measured 38 us where per-pixel recompute priced 0.8 ms).
+        The elementwise rule fuses its loops into one parallel loop (indices by div/mod):
+        nothing is hoisted."""
+        return rule in ("conv2d", "matmul")
+
     def schedule_rules(self, hw: HardwareSpec) -> Sequence[ScheduleRule]:
         """Most specific first; :class:`Fallback` matches anything."""
         online = (FlashAttention(),) if self.softmax == "online" else ()
