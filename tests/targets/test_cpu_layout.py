@@ -371,8 +371,9 @@ def test_squeeze_excitation_stays_blocked(gate, scale_first):
     assert sorted(k for k, _ in _layout_changes(mod)) == ["to_nchw", "to_nchwc"]
     compiled = _matches_onnxruntime(model)
     assert compiled.num_kernels == 6
-    last = compiled.plan.groups[-1].prim_funcs
-    assert last[0].startswith("multiply") and last[1].startswith("conv2d_nchwc")
+    last = compiled.plan.groups[-1].prim_funcs  # the gate may join them (cost model)
+    kinds = [p.rstrip("0123456789") for p in last]
+    assert "multiply" in kinds and kinds[kinds.index("multiply") + 1] == "conv2d_nchwc", last
     assert _rules(compiled)["fallback"] == 0
 
 

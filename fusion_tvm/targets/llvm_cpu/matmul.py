@@ -101,9 +101,13 @@ def derive_tiles(
     # many row tiles reuse each panel; a row-major B (contiguous along j) is otherwise read
     # in place. Measured (768x2304 and 3072x768, znver4, 1 thread), in place / packed:
     # 0.15-0.30 at M = 1, 0.55-0.73 at M = 16, 0.80 at M = 77, 1.04-1.11 at M = 128. A
-    # symbolic M reads in place: small M is where packing costs most.
+    # symbolic M reads in place: small M is where packing costs most. A static N that no
+    # whole tile divides is padded: read in place, every B load of the hot loop goes
+    # through the padding guard; packed panels are padded once (pointwise convs as GEMMs,
+    # N = 196 / 200 pixels, M = 64-95: packed 0.40-0.54 of the in-place time, 2 threads).
     pack_b = (
         b_constant or not b_j_contiguous or (m is not None and m >= PACK_MIN_ROW_TILES * mr)
+        or (n is not None and n % nr != 0)
     )
     return MatmulTiles(mr=mr, nr=nr, pack_b=pack_b)
 
