@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import pytest
 import tvm
@@ -15,6 +13,7 @@ from fusion_tvm.passes.apply_target_schedule import RULE_ATTR
 from fusion_tvm.presets import get_hardware
 from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
 from fusion_tvm.targets.llvm_cpu.layout import ConvertToNCHWc, choose_block
+from fusion_tvm.testing.reference import assert_matches_onnxruntime, rule_counts
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes, 16 vector registers
 RNG = np.random.default_rng(0)
@@ -49,13 +48,6 @@ def _cnn(channels: int = 16, batch="n", image: int = 13) -> tvm.IRModule:
             out = bb.emit_output(g)
         bb.emit_func_output(out)
     return bb.get()
-
-
-def _rules(compiled) -> collections.Counter:
-    return collections.Counter(
-        str(f.attrs[RULE_ATTR]) for _, f in compiled.fused_mod.functions.items()
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and RULE_ATTR in f.attrs
-    )
 
 
 def _run(compiled, x):
@@ -113,13 +105,13 @@ def test_nchwc_equals_nchw_build(builds, batch):
 
 
 def test_conv_rule_schedules_every_blocked_conv(builds):
-    rules = _rules(builds["nchwc"])
+    rules = rule_counts(builds["nchwc"])
     # stem, dense 3x3, strided 3x3, depthwise and 1x1 convs: all by the blocked rule, none
     # by the fallback
     assert rules["conv2d_nchwc"] == 5
     assert rules["conv2d"] == 0
     assert rules["fallback"] == 0
-    native = _rules(builds["native"])
+    native = rule_counts(builds["native"])
     assert native["conv2d_nchwc"] == 0 and native["conv2d"] >= 4
 
 
@@ -146,20 +138,15 @@ def _has_avx512() -> bool:
     ],
 )
 def test_onnx_cnn_matches_onnxruntime(name, kwargs, hw):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     if hw != HW and not _has_avx512():
         pytest.skip("needs AVX-512 (frozen znver4 preset)")
     from benchmarks import zoo
 
     model = zoo.get_model(name, **kwargs)
-    feeds = zoo.example_inputs(model, seed=0)
-    ref = ort.InferenceSession(model.SerializeToString(),
-                               providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    compiled = fusion_tvm.compile(model, hw=hw)
-    got = compiled.run(feeds)
-    got = got[0] if isinstance(got, (list, tuple)) else got
-    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
-    rules = _rules(compiled)
+    compiled = assert_matches_onnxruntime(model, zoo.example_inputs(model, seed=0),
+                                          rtol=1e-3, atol=1e-4, hw=hw)
+    rules = rule_counts(compiled)
     assert rules["conv2d_nchwc"] >= 10 and rules["fallback"] == 0
 
 
@@ -192,7 +179,7 @@ def test_channels_the_block_does_not_divide_get_a_narrower_block():
     x = RNG.standard_normal((1, 32, 14, 14)).astype("float32")
     blocked = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="nchwc"), hw=hw)
     native = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="native"), hw=hw)
-    assert _rules(blocked)["conv2d"] == 0 and _rules(blocked)["fallback"] == 0
+    assert rule_counts(blocked)["conv2d"] == 0 and rule_counts(blocked)["fallback"] == 0
     np.testing.assert_allclose(_run(blocked, x), _run(native, x), rtol=1e-4, atol=1e-4)
 
 
@@ -280,16 +267,10 @@ def _layout_changes(mod: tvm.IRModule) -> list[tuple[str, tuple]]:
 
 
 def _matches_onnxruntime(model):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from benchmarks import zoo
 
-    feeds = zoo.example_inputs(model, seed=0)
-    ref = ort.InferenceSession(model.SerializeToString(),
-                               providers=["CPUExecutionProvider"]).run(None, feeds)
-    compiled = fusion_tvm.compile(model, hw=HW)
-    for got, want in zip(compiled.run(feeds), ref, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    return compiled
+    return assert_matches_onnxruntime(model, zoo.example_inputs(model, seed=0), hw=HW)
 
 
 def test_block_aligned_channel_slices_stay_blocked():
@@ -306,7 +287,7 @@ def test_block_aligned_channel_slices_stay_blocked():
         ("to_nchwc", (1, 16, 14, 14)),
     ]
     assert "R.strided_slice(" in mod["main"].script(show_meta=False)  # on the blocked tensor
-    assert _rules(_matches_onnxruntime(model))["conv2d_nchwc"] == 2
+    assert rule_counts(_matches_onnxruntime(model))["conv2d_nchwc"] == 2
 
 
 def test_misaligned_channel_slice_unblocks_and_matches_onnxruntime():
@@ -336,7 +317,7 @@ def test_grouped_conv_of_whole_blocks_is_lowered_blocked(stride):
     model = g.build()
     mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
     assert "R.nn.conv2d(" not in mod["main"].script(show_meta=False)
-    rules = _rules(_matches_onnxruntime(model))
+    rules = rule_counts(_matches_onnxruntime(model))
     assert rules["conv2d_nchwc"] == 3 and rules["fallback"] == 0
 
 
@@ -374,7 +355,7 @@ def test_squeeze_excitation_stays_blocked(gate, scale_first):
     last = compiled.plan.groups[-1].prim_funcs  # the gate may join them (cost model)
     kinds = [p.rstrip("0123456789") for p in last]
     assert "multiply" in kinds and kinds[kinds.index("multiply") + 1] == "conv2d_nchwc", last
-    assert _rules(compiled)["fallback"] == 0
+    assert rule_counts(compiled)["fallback"] == 0
 
 
 def test_inception_concat_stays_blocked():
@@ -447,5 +428,5 @@ def test_conv_the_row_kernel_cannot_take_gets_a_half_width_block():
     from fusion_tvm.frontend import load_model
 
     assert choose_block(load_model(model).mod, 8) == 8
-    rules = _rules(_matches_onnxruntime(model))
+    rules = rule_counts(_matches_onnxruntime(model))
     assert rules["conv2d_nchwc"] == 3 and rules["reduction"] == 0

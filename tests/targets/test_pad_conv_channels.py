@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import collections
-
-import numpy as np
 import pytest
 
-import fusion_tvm
-from fusion_tvm.targets.schedule import applied_rules
+from fusion_tvm.testing.reference import assert_matches_onnxruntime, rule_counts
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes
 
@@ -25,22 +21,13 @@ def _heads():
     return g.build()
 
 
-def _rules(compiled) -> collections.Counter:
-    return collections.Counter(applied_rules(compiled.fused_mod).values())
-
-
 def test_padded_heads_are_blocked_and_match_onnxruntime():
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from benchmarks import zoo
 
     model = _heads()
-    feeds = zoo.example_inputs(model, seed=0)
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)
-    compiled = fusion_tvm.compile(model, hw=HW)
-    for got, ref in zip(compiled.run(feeds), want, strict=True):
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
-    rules = _rules(compiled)
+    compiled = assert_matches_onnxruntime(model, zoo.example_inputs(model, seed=0), hw=HW)
+    rules = rule_counts(compiled)
     # every conv blocked (the 179-channel one padded to 184); before, the combined conv
     # stayed NCHW and only the reduction rule took it (1.6 GFLOP/s)
     assert rules["conv2d_nchwc"] == 2, rules

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import collections
-
-import numpy as np
 import pytest
 
-import fusion_tvm
-from fusion_tvm.targets.schedule import applied_rules
+from fusion_tvm.testing.reference import assert_matches_onnxruntime, rule_counts
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes
 
@@ -29,18 +25,12 @@ def _mixed_depthwise(size: int):
 
 @pytest.mark.parametrize("size", [14, 7])
 def test_narrow_depthwise_convs_run_on_the_conv_template(size):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from benchmarks import zoo
 
     model = _mixed_depthwise(size)
-    feeds = zoo.example_inputs(model, seed=0)
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    compiled = fusion_tvm.compile(model, hw=HW)
-    got = compiled.run(feeds)
-    got = got[0] if isinstance(got, (list, tuple)) else got
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    rules = collections.Counter(applied_rules(compiled.fused_mod).values())
+    compiled = assert_matches_onnxruntime(model, zoo.example_inputs(model, seed=0), hw=HW)
+    rules = rule_counts(compiled)
     # before: the window nest (reduction rule) or the fallback took them, 2.4-3.5 GFLOP/s
     assert rules["conv2d"] == 3, rules
     assert rules["fallback"] == 0 and rules["reduction"] == 0, rules

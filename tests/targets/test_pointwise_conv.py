@@ -11,7 +11,7 @@ from tvm import relax
 
 import fusion_tvm
 from fusion_tvm.targets.llvm_cpu.pointwise_conv import PointwiseConvAsMatmul
-from fusion_tvm.targets.schedule import applied_rules
+from fusion_tvm.testing.reference import assert_matches_onnxruntime, rule_counts
 
 HW = "ci-x86-avx2"  # frozen: 8 fp32 lanes
 RNG = np.random.default_rng(0)
@@ -88,18 +88,13 @@ def _rexnet_block():
 
 
 def test_odd_channel_block_matches_onnxruntime_with_matmul_kernels():
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from benchmarks import zoo
 
     model = _rexnet_block()
-    feeds = zoo.example_inputs(model, seed=0)
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    compiled = fusion_tvm.compile(model, hw=HW)
-    got = compiled.run(feeds)
-    got = got[0] if isinstance(got, (list, tuple)) else got
-    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
-    rules = collections.Counter(applied_rules(compiled.fused_mod).values())
+    compiled = assert_matches_onnxruntime(model, zoo.example_inputs(model, seed=0),
+                                          rtol=1e-3, atol=1e-3, hw=HW)
+    rules = rule_counts(compiled)
     # the expand and the projection are matmuls, the SE convs (1x1 image) and the
     # depthwise conv stay convs; nothing on the fallback
     assert rules["matmul"] == 2, rules
