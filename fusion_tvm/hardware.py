@@ -105,6 +105,10 @@ class HardwareSpec:
     parallel_region_s : float or None
         Extra cost of each further parallel loop of the same kernel (the workers are
         awake by then); None: the same as ``parallel_overhead_s``.
+    fma_pipe_bits : int or None
+        Width of one fp32 FMA pipe (CPU): a vector up to this wide issues at the full rate
+        (Zen 4 splits a 512-bit FMA over two 256-bit pipes, so 8 lanes compute as fast as
+        16); None: ``simd_width_bits``.
     efficiency : Mapping[str, float]
         Measured fraction of peak each schedule rule reaches, by rule name (``"matmul"``)
         or by rule and shape class (``"matmul:small"``, ``"elementwise:transcendental"``;
@@ -127,6 +131,8 @@ class HardwareSpec:
     parallel_overhead_s: float = 0.0
     #: Fork/join of each further parallel loop in one kernel (None: parallel_overhead_s).
     parallel_region_s: float | None = None
+    #: Width of one fp32 FMA pipe (None: simd_width_bits).
+    fma_pipe_bits: int | None = None
     gpu: GpuLimits | None = None
     fpga: FpgaResources | None = None
 
@@ -149,6 +155,8 @@ class HardwareSpec:
         positive("num_cores", self.num_cores)
         positive("simd_width_bits", self.simd_width_bits)
         positive("num_vector_registers", self.num_vector_registers)
+        if self.fma_pipe_bits is not None:
+            positive("fma_pipe_bits", self.fma_pipe_bits)
         for what in ("launch_overhead_s", "parallel_overhead_s", "parallel_region_s"):
             v = getattr(self, what)
             if v is None and what == "parallel_region_s":
@@ -207,6 +215,12 @@ class HardwareSpec:
     def simd_lanes_fp32(self) -> int:
         """fp32 lanes per vector register."""
         return max(1, self.simd_width_bits // 32)
+
+    @property
+    def full_rate_lanes_fp32(self) -> int:
+        """fp32 lanes of the narrowest vector that still computes at the full FMA rate."""
+        bits = min(self.fma_pipe_bits or self.simd_width_bits, self.simd_width_bits)
+        return max(1, bits // 32)
 
     def rule_efficiency(self, rule: str, shape_class: str | None = None) -> float:
         """Fraction of peak reached by schedule rule ``rule`` (on ``shape_class`` groups)."""

@@ -143,11 +143,13 @@ def cpu_spec(
     parallel_us: float = 10.0,
     fma_lanes: int | None = None,
     dram_bytes: int = 64 * GiB,
+    fma_pipe_bits: int | None = None,
 ) -> HardwareSpec:
     """Build a CPU spec from a few datasheet numbers.
 
     ``fma_lanes`` is the fp32 FMA lanes a core issues per cycle (two pipes times their width);
-    None assumes two pipes of at most 256 bits, as AVX-512 runs on many cores.
+    None assumes two pipes of at most 256 bits, as AVX-512 runs on many cores;
+    ``fma_pipe_bits`` the width of one pipe (None: the same assumption, min(SIMD, 256)).
     """
     lanes = simd_bits // 32
     fma_lanes = fma_lanes or 2 * min(lanes, 8)
@@ -175,6 +177,7 @@ def cpu_spec(
         ),
         launch_overhead_s=launch_us * 1e-6,
         parallel_overhead_s=parallel_us * 1e-6 if cores > 1 else 0.0,
+        fma_pipe_bits=fma_pipe_bits or min(simd_bits, 256),
         efficiency={},
         default_efficiency=0.5,
     )
@@ -189,6 +192,11 @@ FMA_LANES = {
                      "graniterapids-d", "diamondrapids"), 32),
     **dict.fromkeys(("icelake-client", "tigerlake", "rocketlake", "cannonlake"), 16),
     "znver1": 8,
+}
+#: Width of one fp32 FMA pipe where it is not min(SIMD, 256): the 512-bit parts above.
+FMA_PIPE_BITS = {
+    **dict.fromkeys((k for k, v in FMA_LANES.items() if v >= 16), 512),
+    "znver1": 128,
 }
 
 
@@ -289,6 +297,7 @@ def host_cpu() -> HardwareSpec:
         dram_gbps=host_dram_gbps(cores),
         fma_lanes=FMA_LANES.get(mcpu),
         dram_bytes=_mem_total() or 64 * GiB,
+        fma_pipe_bits=FMA_PIPE_BITS.get(mcpu),
     )
 
 

@@ -488,7 +488,8 @@ def channel_layout(backend, hw: HardwareSpec, mod: tvm.IRModule | None = None) -
     blocked = next((p for p in passes if isinstance(p, ConvertToNCHWc) and p.enabled), None)
     if blocked is None:
         return ChannelLayout()
-    block = choose_block(mod, blocked.lanes) if mod is not None else blocked.lanes
+    block = choose_block(mod, blocked.lanes, blocked.full_rate_lanes) if mod is not None \
+        else blocked.lanes
     return ChannelLayout(block, blocked.lanes) if block is not None else ChannelLayout()
 
 

@@ -65,8 +65,64 @@ def builds():
 def test_choose_block_prefers_full_width_and_falls_back():
     assert choose_block(_cnn(16), 8) == 8
     assert choose_block(_cnn(16), 16) == 16
-    assert choose_block(_cnn(12), 16) == 4  # 12 and 24 channels: only 4 divides both
+    # 12 and 24 channels: 8 blocks the depthwise and 1x1 convs on 24 (a block of 4, every
+    # conv at a quarter of the rate, loses to the 12-channel dense convs in NCHW)
+    assert choose_block(_cnn(12), 16) == 8
     assert choose_block(_cnn(3), 16) is None
+
+
+def _grouped(group_width: int, groups: int = 4, depthwise: int = 0) -> tvm.IRModule:
+    """1x1 conv, a grouped 3x3 conv of ``groups`` x ``group_width`` channels, 1x1 conv
+    (ResNeXt / RegNet); with ``depthwise``, a depthwise 3x3 over that many channels."""
+    c = groups * group_width
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64, 28, 28), "float32"))
+    nn = relax.op.nn
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(nn.relu(nn.conv2d(x, _const(c, 64, 1, 1))))
+            y = bb.emit(nn.relu(nn.conv2d(y, _const(c, group_width, 3, 3), padding=1,
+                                          groups=groups)))
+            y = bb.emit(nn.conv2d(y, _const(64, c, 1, 1)))
+            if depthwise:
+                y = bb.emit(nn.conv2d(y, _const(depthwise, 64, 1, 1)))
+                y = bb.emit(nn.conv2d(y, _const(depthwise, 1, 3, 3), padding=1,
+                                      groups=depthwise))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_choose_block_weighs_the_fma_rate_against_convs_left_in_nchw():
+    """Where a half-width vector computes at the full rate (Zen 4: two 256-bit FMA pipes),
+    a block of 8 that also blocks grouped convs of 8 channels a group, or depthwise convs
+    on 72 channels, wins; where it computes at half the rate, only a large share of such
+    convs pays for it. Every channel count dividing by 16: 16 either way."""
+    assert choose_block(_grouped(8), 16, 8) == 8
+    assert choose_block(_grouped(16), 16, 8) == 16
+    assert choose_block(_grouped(8), 16) == 8  # the grouped conv is most of the work
+    assert choose_block(_grouped(16, depthwise=72), 16, 8) == 8
+    assert choose_block(_grouped(16, groups=16, depthwise=72), 16) == 16
+    assert get_hardware("epyc-znver4-2c").full_rate_lanes_fp32 == 8
+    assert get_hardware("ci-x86-avx2").full_rate_lanes_fp32 == 8
+
+
+def test_grouped_conv_of_half_blocks_runs_blocked_on_a_full_rate_half_width():
+    """A grouped conv of 8 channels a group under 16 lanes, 8 at the full rate: blocked
+    by 8, no conv left to the NCHW rule, and the result matches the NCHW build."""
+    from fusion_tvm.hardware import HardwareSpec
+
+    hw = get_hardware("epyc-znver4-2c")
+    assert isinstance(hw, HardwareSpec) and hw.simd_lanes_fp32 == 16
+    mod = _grouped(8)
+    blocked = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="nchwc"), hw=hw)
+    native = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="native"), hw=hw)
+    rules = rule_counts(blocked)
+    assert rules.get("conv2d", 0) == 0 and rules["conv2d_nchwc"] >= 2, rules
+    if not _has_avx512():
+        pytest.skip("running the build needs AVX-512 (epyc-znver4-2c)")
+    xs = RNG.standard_normal((1, 64, 28, 28)).astype("float32")
+    np.testing.assert_allclose(_run(blocked, xs), _run(native, xs), rtol=1e-4, atol=1e-4)
 
 
 def test_pass_blocks_convs_and_prepacks_weights():

@@ -64,7 +64,8 @@ class LLVMCPUBackend(Backend):
         nchw = [PointwiseConvAsMatmul(width), PadConvWidth(width)]
         if self.layout != "nchwc":
             return nchw
-        return [PadConvChannels(width), ConvertToNCHWc(width), *nchw]
+        return [PadConvChannels(width),
+                ConvertToNCHWc(width, full_rate_lanes=hw.full_rate_lanes_fp32), *nchw]
 
     @property
     def device_kind(self) -> DeviceKind:

@@ -23,6 +23,7 @@ The pass runs before legalization:
 
 from __future__ import annotations
 
+import math
 import re
 
 import tvm
@@ -77,13 +78,56 @@ def _conv_dims(call: relax.Call) -> tuple[int, int, int, float] | None:
     return x[1], w[0], int(a.groups), macs
 
 
-def choose_block(mod: tvm.IRModule, lanes: int) -> int | None:
-    """The channel block for ``mod``: the one whose convs cover the most work.
+#: Time of a depthwise or grouped conv's MAC left in NCHW (its channels, or each group's,
+#: not whole blocks) against one in a full-rate block: the NCHW depthwise 3x3/2 of
+#: MobileNetV3 (72 channels) ran at 12 GFLOP/s against 94-172 blocked, grouped 3x3 convs
+#: (ResNeXt, RegNetY) at 23-76 against ~200 (2-core Zen 4). A dense conv left in NCHW runs
+#: as a matmul (1x1) or on the row template, near the blocked rate: priced as full rate.
+NCHW_PENALTY = 6.0
+#: Rate of a block narrower than the vector register, even where it is full-rate FMA
+#: width: ResNet-50 in blocks of 8 took 1.087x its time in blocks of 16 on Zen 4 (more
+#: loads per FMA, smaller register tiles).
+NARROW_RATE = 0.92
 
-    A conv is covered by block ``b`` when its input and output channels divide by ``b``
-    (depthwise: its channels). Work covered by a block narrower than the SIMD width runs at
-    ``b / lanes`` of the vector throughput, so a wider block wins unless it leaves much more
-    work out. None when no conv would be covered by a block of at least 4.
+
+def _conv_time(cin: int, cout: int, groups: int, macs: float, b: int, lanes: int,
+               full_rate: int) -> float:
+    """Relative time of one conv under the network block ``b``: its MACs over the rate of
+    the block it runs in (``b`` or, for a dense conv ``b`` does not divide, the narrower
+    block of ``_mixed_block_conv``; a block narrower than ``full_rate`` lanes computes at
+    ``block / full_rate``, one narrower than ``lanes`` at ``NARROW_RATE`` of that); in
+    NCHW, full rate (dense) or ``NCHW_PENALTY`` times slower."""
+    def rate(block: int) -> float:
+        return min(1.0, block / full_rate) * (1.0 if block >= lanes else NARROW_RATE)
+
+    if groups == 1:
+        if cin % b == 0 and cout % b == 0:
+            return macs / rate(b)
+        bi = cin if cin < b else channel_block(cin, b)
+        bo = channel_block(cout, b)
+        return macs if bi is None or bo is None else macs / rate(min(b, bo))
+    if cin % groups == 0 and cout % groups == 0 and cin % b == 0 and (
+            groups == cin == cout or (cin // groups % b == 0 and cout // groups % b == 0)):
+        return macs / rate(b)
+    return NCHW_PENALTY * macs
+
+
+def _native(cin: int, cout: int, groups: int, b: int) -> bool:
+    """Whether ConvertLayout blocks the conv itself under block ``b`` (dense: both channel
+    counts divide by ``b``; depthwise: its channels)."""
+    return (groups == 1 and cin % b == 0 and cout % b == 0) or (groups == cin == cout
+                                                               and cin % b == 0)
+
+
+def choose_block(mod: tvm.IRModule, lanes: int, full_rate_lanes: int | None = None) -> int | None:
+    """The channel block for ``mod``: the one its convs are predicted fastest under.
+
+    A conv runs blocked when ``b`` divides its channels (grouped: each group's; a dense
+    conv also in a narrower block, see ``_mixed_block_conv``), at ``b / full_rate_lanes``
+    of the full rate below the full-rate width (``full_rate_lanes``, default ``lanes``)
+    and a little slower than a full register all the same; else in NCHW
+    (:func:`_conv_time`). Ties go to the wider block. None when no conv would be blocked
+    by a block of at least 4.
     """
     convs = []
     for func in mod.functions.values():
@@ -94,17 +138,14 @@ def choose_block(mod: tvm.IRModule, lanes: int) -> int | None:
                 if isinstance(e, relax.Call) and e.op.same_as(_CONV2D) else None,
             )
     convs = [c for c in convs if c is not None]
-    best, best_score = None, 0.0
+    full_rate = min(full_rate_lanes or lanes, lanes)
+    best, best_time = None, math.inf
     b = lanes
     while b >= 4:
-        covered = sum(
-            macs for cin, cout, groups, macs in convs
-            if (groups == 1 and cin % b == 0 and cout % b == 0)
-            or (groups == cin == cout and cin % b == 0)
-        )
-        score = covered * b / lanes
-        if score > best_score:
-            best, best_score = b, score
+        if any(_native(*c[:3], b) for c in convs):
+            total = sum(_conv_time(*c, b, lanes, full_rate) for c in convs)
+            if total < best_time * (1 - 1e-9):
+                best, best_time = b, total
         b //= 2
     return best
 
@@ -605,17 +646,21 @@ class ConvertToNCHWc:
         SIMD lanes for the convs' element type (16 for fp32 on AVX-512): the widest block.
     enabled : bool
         False makes the pass the identity (the NCHW build).
+    full_rate_lanes : int, optional
+        Lanes of the narrowest vector at the full FMA rate (8 on Zen 4, whose AVX-512
+        FMAs are two 256-bit halves); None: ``lanes``. Picks the block (:func:`choose_block`).
     """
 
-    def __init__(self, lanes: int, enabled: bool = True):
+    def __init__(self, lanes: int, enabled: bool = True, full_rate_lanes: int | None = None):
         self.lanes = lanes
         self.enabled = enabled
+        self.full_rate_lanes = full_rate_lanes
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Convert, lower the blocked convs, and clean up transform pairs."""
         if not self.enabled:
             return mod
-        block = choose_block(mod, self.lanes)
+        block = choose_block(mod, self.lanes, self.full_rate_lanes)
         if block is None:
             return mod
         layouts = {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
