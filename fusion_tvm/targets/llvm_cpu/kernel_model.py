@@ -222,12 +222,12 @@ def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None
     n_spatial = len(red.domain) - red.num_reduce_axes
     extents = [float(evaluate(d, graph.dims)) for d in red.domain]
     window = math.prod(extents[n_spatial:])
-    if window > MAX_WINDOW or n_spatial < 2:
-        return None
-    total = math.prod(extents[:n_spatial])
-    count = int(reduction_pays(hw, total * window, int(math.prod(extents[:n_spatial - 1]))))
     width = max(1, hw.simd_width_bits // 32)
     lanes_inner = n_spatial == 5 and 4 <= extents[n_spatial - 1] <= 4 * width  # NCHW[b]c
+    if n_spatial < 2 or (window > MAX_WINDOW and not lanes_inner):
+        return None  # rows (a global pool over NCHW[b]c lanes stays a window)
+    total = math.prod(extents[:n_spatial])
+    count = int(reduction_pays(hw, total * window, int(math.prod(extents[:n_spatial - 1]))))
     passes = [] if lanes_inner else [  # the padding: blocks of the pool's op before it
         b.domain for n, b in owners[:at[0]] if n == node_id]
     below = reachable(graph.succs, node_id, group)

@@ -69,7 +69,13 @@ def _schedule_window(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSp
     window = 1
     for ext in extents[n_spatial:]:
         window = window * ext if ext is not None and window is not None else None
-    if window is None or window > MAX_WINDOW or n_spatial < 2:
+    if window is None or n_spatial < 2:
+        return None
+    if window > MAX_WINDOW and not _lane_window(sch, main, loops[n_spatial - 1:],
+                                                extents[n_spatial - 1], hw):
+        # A long reduction is a row, except over a blocked tensor's lanes (a global pool
+        # of NCHW[b]c: vectors of channels accumulated over the pixels, where the row
+        # schedule ran a scalar chain per channel over stride-b loads).
         return None
     total = 1
     for ext in extents[:n_spatial]:
@@ -163,20 +169,26 @@ def _same_domain(sch: s_tir.Schedule, block: SBlockRV, domain: list) -> bool:
         tvm_ffi.structural_equal(a, b) for a, b in zip(extents, domain, strict=True))
 
 
+def _lane_window(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | None,
+                 hw: HardwareSpec) -> bool:
+    """Whether the last spatial loop of ``main`` (``loops[0]``, extent ``extent``) indexes
+    the innermost axis of every access: the channel lanes of a blocked tensor."""
+    stmt = sch.get(main)
+    lane = stmt.iter_vars[len(stmt.iter_vars) - len(loops)].var
+    width = lanes(hw, dtype_bits(sch, main))
+    if extent is None or extent > 4 * width or extent < 4:
+        return False
+    return all(access.region[-1].min.same_as(lane) for access in (*stmt.reads, *stmt.writes))
+
+
 def _vectorize_lanes(sch: s_tir.Schedule, main: SBlockRV, loops, extent: int | None,
                      hw: HardwareSpec) -> bool:
     """A window over a blocked ``NCHW[b]c`` tensor: the channel lanes (the last spatial
     loop, the innermost index of every access) become the vector, inside the window loops,
     the padding inlined (max-pool 3x3/2 over 1x4x112x112x16: 305 us as a scalar nest after
     a padding pass, 67 us so)."""
-    stmt = sch.get(main)
-    lane = stmt.iter_vars[len(stmt.iter_vars) - len(loops)].var
-    width = lanes(hw, dtype_bits(sch, main))
-    if extent is None or extent > 4 * width or extent < 4:
+    if not _lane_window(sch, main, loops, extent, hw):
         return False
-    for access in (*stmt.reads, *stmt.writes):
-        if not access.region[-1].min.same_as(lane):
-            return False
     # The padding is read in the window instead of materialised: a separate pass over the
     # padded tensor took 3.5x the pooling itself (its guard is uniform across the lanes).
     for producer in sch.get_producers(main):
