@@ -233,6 +233,24 @@ class Reduction(ScheduleRule):
         return sch if schedule_row_chain(sch, blocks, hw, work) else None
 
 
+def _partial_width(sch: s_tir.Schedule, block: SBlockRV, width: int) -> int | None:
+    """The widest vector of partial sums, ``width`` halved down to 4 lanes, whose multiple
+    the row's reduction length is (its trailing reduction loops together): a 14 x 14
+    pool of swish outputs (196 = 49 x 4) runs 4-lane partials, not one scalar chain."""
+    kinds = iter_kinds(sch, block)
+    extents = [static_extent(sch, lp) for lp in sch.get_loops(block)]
+    if "R" not in kinds or len(extents) != len(kinds):
+        return None
+    reduce = extents[kinds.index("R"):]
+    if None in reduce:
+        return None
+    n = math.prod(reduce)
+    w = width
+    while w >= 4 and (n % w or n < 2 * w):
+        w //= 2
+    return w if w >= 4 else None
+
+
 def schedule_row_chain(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSpec,
                        work: float | None, chain=None) -> bool:
     """Schedule ``blocks`` (root blocks in dataflow order) as one parallel loop over their
@@ -252,9 +270,10 @@ def schedule_row_chain(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: Hardware
     rfactored = {}
     for block in blocks:
         if is_reduction(sch, block):
-            rf = rfactor_rows(sch, block, width)
-            if rf is not None:
-                rfactored[sch.get(rf)] = rf
+            w = _partial_width(sch, block, width)
+            rf = rfactor_rows(sch, block, w) if w else None
+            if rf is not None:  # by name: inlining a producer into it makes a new stmt
+                rfactored[sch.get(rf).name_hint] = w
     blocks = chain()
 
     # Anchor the row loop at the last block and pull every producer under it. A
@@ -299,8 +318,9 @@ def schedule_row_chain(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: Hardware
         sch.parallel(row)
 
     for block in blocks + copies:
-        if any(sch.get(block).same_as(stmt) for stmt in rfactored):
-            vectorize_partials(sch, block, width)
+        w = rfactored.get(sch.get(block).name_hint)
+        if w is not None:
+            vectorize_partials(sch, block, w)
         elif is_spatial(sch, block):
             vectorize_innermost(sch, block, width, 1)
     return True

@@ -90,11 +90,25 @@ def vectorize_innermost(sch: s_tir.Schedule, block: SBlockRV, width: int, first:
 
 
 def rfactor_rows(sch: s_tir.Schedule, block: SBlockRV, width: int) -> SBlockRV | None:
-    """Split a row reduction into ``width`` vector partial sums; the rf block or None."""
+    """Split a row reduction into ``width`` vector partial sums; the rf block or None.
+
+    Several reduction loops after the spatial ones (a mean over H and W of NCHW: the
+    squeeze of a squeeze-excitation block, 784 pixels) are fused into one first: left
+    apart, the row ran as one scalar add chain (MixNet's 240 x 28 x 28: 142 us)."""
     loops = sch.get_loops(block)
     kinds = iter_kinds(sch, block)
-    if len(loops) != len(kinds) or kinds.count("R") != 1 or kinds[-1] != "R":
+    if len(loops) != len(kinds) or "R" not in kinds:
         return None
+    first = kinds.index("R")
+    if kinds[first:] != "R" * (len(kinds) - first):
+        return None
+    if len(kinds) - first > 1:
+        try:
+            sch.fuse(*loops[first:])
+        except ScheduleError:
+            return None
+        loops = sch.get_loops(block)
+        kinds = kinds[:first + 1]
     extent = static_extent(sch, loops[-1])
     if extent is None or extent % width or extent < 2 * width:
         return None
