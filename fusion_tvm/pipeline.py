@@ -49,6 +49,7 @@ from .passes.mark_noalias import MarkShapeFuncsNoAlias
 from .passes.prebuild_kernels import prebuild_kernels
 from .passes.prepack_weights import PrepackWeights
 from .passes.sort_shape_func_stores import SortShapeFuncStores
+from .passes.split_conv_regions import SplitConvRegions
 from .passes.split_to_slices import SplitToSlices
 from .plan import FusionPlan
 from .presets import get_hardware, host_cpu_name, list_hardware
@@ -101,6 +102,7 @@ def prepare_passes(
         *fold_affine,  # per-channel scale / shift chains into matmul and conv weights
         CropConvTaps(),  # taps that only read padding (large dilations) dropped
         *siblings,
+        SplitConvRegions(),  # convs whose taps mostly read padding: one conv per region
         SplitToSlices(),
         ExpandSmallPowers(),  # x**2, x**3 as multiplies (powf is a scalar libm call)
         relax.transform.CanonicalizeBindings(),

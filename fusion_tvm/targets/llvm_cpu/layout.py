@@ -397,6 +397,12 @@ class _BlockedRewriter(relax.PyExprMutator):
             return None
         axes, begin = _ints(call.args[1]), _ints(call.args[2])
         strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or ())
+        end = _ints(call.args[3])
+        if axes and begin is not None and end is not None and strides is not None and all(
+                a % 4 in (2, 3) for a in axes):
+            # rows / columns (a conv split by output region): the same axes of the twin
+            return relax.op.strided_slice(twin, axes=[a % 4 for a in axes], begin=begin,
+                                          end=end, strides=strides)
         if axes is None or begin is None or strides != [1] or [a % 4 for a in axes] != [1]:
             return None
         channels, taken = shape[1], out[1]
@@ -416,12 +422,12 @@ class _BlockedRewriter(relax.PyExprMutator):
         parts = call.args[0]
         out = static_shape(call)
         if not isinstance(parts, relax.Tuple) or out is None or len(out) != 4 \
-                or int(call.attrs.axis) % 4 != 1:
+                or int(call.attrs.axis) % 4 == 0:
             return None
         twins = [self._twin(p) for p in parts.fields]
         if any(t is None or (static_shape(t) or [0])[-1] != self.b for t in twins):
             return None
-        return relax.op.concat(twins, axis=1)
+        return relax.op.concat(twins, axis=int(call.attrs.axis) % 4)  # C, H or W
 
     def _blocked_reduce(self, call: relax.Call) -> tuple[str, relax.Expr] | None:
         """A reduction over H and W of a blocked tensor, on its twin: ``("blocked", e)``
