@@ -8,6 +8,7 @@ The replacement may emit bindings of its own through the builder it is given.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import tvm
 from tvm import relax, tirx
@@ -62,6 +63,31 @@ def is_nchw_conv(call: relax.Call) -> bool:
     """Whether ``call`` (a conv2d) reads NCHW data, OIHW weights and writes NCHW."""
     a = call.attrs
     return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
+
+
+class ConvGeometry(NamedTuple):
+    """Static sizes of an NCHW conv: data, weight and output shapes, and its attributes
+    as ints (``pad``: top, left, bottom, right)."""
+
+    x: list[int]
+    w: list[int]
+    y: list[int]
+    strides: list[int]
+    dilation: list[int]
+    pad: list[int]
+
+
+def static_conv_geometry(call: relax.Call) -> ConvGeometry | None:
+    """The :class:`ConvGeometry` of an NCHW ``conv2d`` with static 4-D shapes, else None."""
+    if not is_nchw_conv(call):
+        return None
+    shapes = [static_shape(e) for e in (call.args[0], call.args[1], call)]
+    if any(s is None or len(s) != 4 or not all(isinstance(d, int) for d in s)
+           for s in shapes):
+        return None
+    a = call.attrs
+    return ConvGeometry(*shapes, [int(v) for v in a.strides], [int(v) for v in a.dilation],
+                        [int(v) for v in a.padding])
 
 
 def conv2d_like(call: relax.Call, x: relax.Expr, weight: relax.Expr, **changes) -> relax.Call:

@@ -14,12 +14,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_rewrite import conv2d_like, is_nchw_conv, rewrite_calls, static_shape
-
-
-def _static(expr) -> list[int] | None:
-    dims = static_shape(expr)
-    return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
+from ..relax_rewrite import conv2d_like, rewrite_calls, static_conv_geometry
 
 
 def useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
@@ -33,15 +28,10 @@ def useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
 
 def cropped(call: relax.Call) -> tuple[list[int], list[int], list[int], list[int]] | None:
     """``(begin taps, end taps, padding, dilation)`` of the cropped conv, None to keep it."""
-    if not is_nchw_conv(call):
+    geometry = static_conv_geometry(call)
+    if geometry is None:
         return None
-    a = call.attrs
-    x, w, y = _static(call.args[0]), _static(call.args[1]), _static(call)
-    if x is None or w is None or y is None or len(x) != 4 or len(w) != 4 or len(y) != 4:
-        return None
-    strides = [int(s) for s in a.strides]
-    dilation = [int(d) for d in a.dilation]
-    pad = [int(p) for p in a.padding]  # top, left, bottom, right
+    x, w, y, strides, dilation, pad = geometry
     begin, end, before, after, dil = [], [], [], [], []
     for axis in (0, 1):
         taps = useful_taps(x[2 + axis], y[2 + axis], w[2 + axis], strides[axis],

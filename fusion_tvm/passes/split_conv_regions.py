@@ -16,18 +16,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_rewrite import conv2d_like, is_nchw_conv, rewrite_calls, static_shape
+from ..relax_rewrite import conv2d_like, rewrite_calls, static_conv_geometry
 
 #: Split only where the taps that read data are at most this share of the conv's MACs
 #: (the rest of its time are the extra kernels and the concatenation).
 MAX_USEFUL_SHARE = 0.5
 #: At most this many bands per axis (regions: its square).
 MAX_BANDS = 3
-
-
-def _static(expr) -> list[int] | None:
-    dims = static_shape(expr)
-    return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
 
 
 def bands(size: int, out: int, kernel: int, stride: int, dilation: int,
@@ -50,15 +45,10 @@ def bands(size: int, out: int, kernel: int, stride: int, dilation: int,
 
 def regions(call: relax.Call) -> tuple[list, list] | None:
     """Row and column bands of a conv worth splitting, None to keep it."""
-    if not is_nchw_conv(call):
+    geometry = static_conv_geometry(call)
+    if geometry is None:
         return None
-    a = call.attrs
-    x, w, y = _static(call.args[0]), _static(call.args[1]), _static(call)
-    if x is None or w is None or y is None or len(x) != 4 or len(w) != 4 or len(y) != 4:
-        return None
-    strides = [int(s) for s in a.strides]
-    dilation = [int(d) for d in a.dilation]
-    pad = [int(p) for p in a.padding]
+    x, w, y, strides, dilation, pad = geometry
     per_axis = [bands(x[2 + i], y[2 + i], w[2 + i], strides[i], dilation[i], pad[i])
                 for i in (0, 1)]
     if any(b is None or len(b) > MAX_BANDS for b in per_axis):
