@@ -90,6 +90,18 @@ def static_conv_geometry(call: relax.Call) -> ConvGeometry | None:
                         [int(v) for v in a.padding])
 
 
+def tap_outputs(size: int, out: int, kernel: int, stride: int, dilation: int,
+                pad_before: int) -> list[tuple[int, int]]:
+    """Per tap along one conv axis, the outputs ``[lo, hi)`` it reads data for (the
+    input index ``y * stride + r * dilation - pad_before`` inside ``[0, size)``);
+    ``(0, 0)`` for a tap that reads only padding."""
+    spans = []
+    for r in range(kernel):
+        ys = [y for y in range(out) if 0 <= y * stride + r * dilation - pad_before < size]
+        spans.append((ys[0], ys[-1] + 1) if ys else (0, 0))
+    return spans
+
+
 def conv2d_like(call: relax.Call, x: relax.Expr, weight: relax.Expr, **changes) -> relax.Call:
     """An NCHW ``relax.nn.conv2d`` with ``call``'s attributes but for ``changes``
     (``strides``, ``padding``, ``dilation``, ``groups``)."""

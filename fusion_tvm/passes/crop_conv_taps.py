@@ -14,15 +14,15 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_rewrite import conv2d_like, rewrite_calls, static_conv_geometry
+from ..relax_rewrite import conv2d_like, rewrite_calls, static_conv_geometry, tap_outputs
 
 
 def useful_taps(size: int, out: int, kernel: int, stride: int, dilation: int,
                 pad_before: int) -> tuple[int, int] | None:
     """First and last tap along one axis that reads the input for some output position
     (None when none does)."""
-    useful = [r for r in range(kernel)
-              if any(0 <= y * stride + r * dilation - pad_before < size for y in range(out))]
+    useful = [r for r, (lo, hi) in enumerate(
+        tap_outputs(size, out, kernel, stride, dilation, pad_before)) if hi > lo]
     return (useful[0], useful[-1]) if useful else None
 
 

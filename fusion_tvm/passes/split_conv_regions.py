@@ -16,7 +16,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_rewrite import conv2d_like, rewrite_calls, static_conv_geometry
+from ..relax_rewrite import (
+    ConvGeometry,
+    conv2d_like,
+    rewrite_calls,
+    static_conv_geometry,
+    tap_outputs,
+)
 
 #: Split only where the taps that read data are at most this share of the conv's MACs
 #: (the rest of its time are the extra kernels and the concatenation).
@@ -29,10 +35,7 @@ def bands(size: int, out: int, kernel: int, stride: int, dilation: int,
           pad_before: int) -> list[tuple[int, int, int, int]] | None:
     """``(first output, end output, first tap, end tap)`` of each band of outputs along one
     axis in which the same taps read the input; None where some band reads none."""
-    valid = []  # per tap: the outputs it reads data for, [lo, hi)
-    for r in range(kernel):
-        ys = [y for y in range(out) if 0 <= y * stride + r * dilation - pad_before < size]
-        valid.append((ys[0], ys[-1] + 1) if ys else (0, 0))
+    valid = tap_outputs(size, out, kernel, stride, dilation, pad_before)
     cuts = sorted({0, out, *(v for lo, hi in valid for v in (lo, hi) if 0 < v < out)})
     result = []
     for a, b in zip(cuts, cuts[1:], strict=False):
@@ -43,8 +46,9 @@ def bands(size: int, out: int, kernel: int, stride: int, dilation: int,
     return result
 
 
-def regions(call: relax.Call) -> tuple[list, list] | None:
-    """Row and column bands of a conv worth splitting, None to keep it."""
+def regions(call: relax.Call) -> tuple[ConvGeometry, list, list] | None:
+    """The conv's geometry and its row and column bands where it is worth splitting, None
+    to keep it."""
     geometry = static_conv_geometry(call)
     if geometry is None:
         return None
@@ -60,18 +64,19 @@ def regions(call: relax.Call) -> tuple[list, list] | None:
                  for r0, r1, rt0, rt1 in rows for c0, c1, ct0, ct1 in cols)
     if useful > MAX_USEFUL_SHARE * y[2] * y[3] * w[2] * w[3]:
         return None
-    return rows, cols
+    return geometry, rows, cols
+
+
+def _join(bb: relax.BlockBuilder, parts: list[relax.Expr], axis: int) -> relax.Expr:
+    return parts[0] if len(parts) == 1 else bb.emit(relax.op.concat(parts, axis=axis))
 
 
 def _rewrite(call: relax.Call, bb: relax.BlockBuilder) -> relax.Expr | None:
     split = regions(call)
     if split is None:
         return None
-    rows, cols = split
+    (_, _, _, (sh, sw), (dh, dw), (ph, pw, _, _)), rows, cols = split
     x, w = call.args
-    a = call.attrs
-    (sh, sw), (dh, dw) = ([int(s) for s in a.strides], [int(d) for d in a.dilation])
-    ph, pw = int(a.padding[0]), int(a.padding[1])
     weights = w.value.numpy() if isinstance(w, tvm.ir.expr.Constant) else None
     band_outputs = []
     for y0, y1, r0, r1 in rows:
@@ -90,9 +95,8 @@ def _rewrite(call: relax.Call, bb: relax.BlockBuilder) -> relax.Expr | None:
             conv = conv2d_like(call, data, kernel, padding=[0, 0, 0, 0],
                                dilation=[dh if r1 - r0 > 1 else 1, dw if c1 - c0 > 1 else 1])
             parts.append(bb.emit(conv))
-        band_outputs.append(bb.emit(relax.op.concat(parts, axis=3)) if len(parts) > 1
-                            else parts[0])
-    return relax.op.concat(band_outputs, axis=2) if len(band_outputs) > 1 else band_outputs[0]
+        band_outputs.append(_join(bb, parts, axis=3))
+    return _join(bb, band_outputs, axis=2)
 
 
 @tvm.transform.module_pass(opt_level=0, name="SplitConvRegions")

@@ -238,8 +238,8 @@ class Attention(ScheduleRule):
         for block in in_row:
             if _is_row_reduction(sch, block):
                 rf = rfactor_rows(sch, block, width)
-                if rf is not None:
-                    partials.append(sch.get(rf))
+                if rf is not None:  # by name: a stmt changes when a producer is inlined
+                    partials.append(sch.get(rf).name_hint)
         if partials:
             others = [*shared_stmts, *(sch.get(b) for b in epilogue)]
             in_row = [b for b in root_blocks(sch)
@@ -295,8 +295,8 @@ class Attention(ScheduleRule):
             vectorize_row(sch, block, width)
         for block in in_row:
             kinds = iter_kinds(sch, block)
-            if any(sch.get(block).same_as(p) for p in partials):
-                name = sch.get(block).name_hint
+            name = sch.get(block).name_hint
+            if name in partials:
                 vectorize_partials(sch, block, width)
                 for blk in (block, *_named(sch, name + "_init")):
                     with contextlib.suppress(ScheduleError):

@@ -106,8 +106,8 @@ def _conv_time(cin: int, cout: int, groups: int, macs: float, b: int, lanes: int
         bi = cin if cin < b else channel_block(cin, b)
         bo = channel_block(cout, b)
         return macs if bi is None or bo is None else macs / rate(min(b, bo))
-    if cin % groups == 0 and cout % groups == 0 and cin % b == 0 and (
-            groups == cin == cout or (cin // groups % b == 0 and cout // groups % b == 0)):
+    if cin % b == 0 and (groups == cin == cout
+                         or (cin // groups % b == 0 and cout // groups % b == 0)):
         return macs / rate(b)
     return NCHW_PENALTY * macs
 
