@@ -24,7 +24,7 @@ from ...ops import OpClass, PatternKind
 from ...tir_analysis import evaluate, shape_elems
 from .attention import ROW_TILE
 from .conv2d import derive_channel_tiles, derive_tiles
-from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS, derive_blocked_tiles
+from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS, derive_blocked_tiles, row_staging_pays
 from .matmul import derive_tiles as derive_matmul_tiles
 from .parallel import (
     ROW_PASS_OPS,
@@ -110,6 +110,26 @@ def _lane_prologue(graph, group, tid: int) -> dict | None:
     return work
 
 
+def _prologue_keeps_lanes(graph, group, tid: int) -> bool:
+    """Whether the ops of ``group`` producing ``tid`` (padding, concat, slice, elementwise)
+    read and write only tensors of its rank (scalars aside), so the block they become
+    copies whole lane vectors; a layout change or reshape among them gathers across
+    lanes."""
+    rank = len(graph.tensors[tid].shape)
+    pending, seen = [tid], set()
+    while pending:
+        producer = graph.tensors[pending.pop()].producer
+        if producer is None or producer not in group or producer in seen:
+            continue
+        seen.add(producer)
+        node = graph.nodes[producer]
+        tensors = [*node.inputs, *node.outputs]
+        if node.is_view or any(len(graph.tensors[t].shape) not in (0, rank) for t in tensors):
+            return False
+        pending.extend(node.inputs)
+    return True
+
+
 @dataclass(frozen=True)
 class ConvKernel:
     """What the conv rules make of a group, as the cost model needs it.
@@ -189,9 +209,16 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
     staged, recompute = 0.0, {}
     if (pad[0] > 0 or pad[1] > 0 or prologue) and not inline_pad:
         padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
-        chunks = int(padded / data[-1])
-        count += parallel_pays(hw, elementwise_seconds(hw, padded, 8.0), chunks)
-        staged = 4.0 * padded
+        # Blocked: computed per task of the row loop when that pays (the rule's trial reads
+        # the same factor from the loops): output-channel groups x input rows per task.
+        groups = blocks // tiles.fo if len(out) == 5 else 0
+        per_row = groups and row_staging_pays(
+            groups * out[2] * kh / (data[2] + pad[0]),
+            _prologue_keeps_lanes(graph, group, conv.inputs[0]))
+        if not per_row:
+            chunks = int(padded / data[-1])
+            count += parallel_pays(hw, elementwise_seconds(hw, padded, 8.0), chunks)
+            staged = 4.0 * padded
     elif lane_prologue:  # inlined into the depthwise loads: once per tap reading an element
         taps = math.prod(out) * kh * kw / max(1.0, math.prod(data))
         recompute = {cls: f * max(0.0, taps - 1.0) for cls, f in lane_prologue.items()}
