@@ -568,7 +568,7 @@ def test_concat_before_a_conv_is_computed_per_row():
 def test_row_staging_pays_by_recompute_and_lanes():
     """Per-row staging is taken up to 4 recomputes for any producer and 12 for one copying
     whole lane vectors (the measured cases in ``row_staging_pays``' docstring)."""
-    from fusion_tvm.targets.llvm_cpu.conv2d_nchwc import row_staging_pays
+    from fusion_tvm.targets.llvm_cpu.row_staging import row_staging_pays
 
     assert row_staging_pays(1.0, False) and row_staging_pays(4.0, False)
     assert row_staging_pays(10.0, True) and not row_staging_pays(10.0, False)

@@ -24,7 +24,7 @@ from ...ops import OpClass, PatternKind
 from ...tir_analysis import evaluate, shape_elems
 from .attention import ROW_TILE
 from .conv2d import derive_channel_tiles, derive_tiles
-from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS, derive_blocked_tiles, row_staging_pays
+from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS, derive_blocked_tiles
 from .matmul import derive_tiles as derive_matmul_tiles
 from .parallel import (
     ROW_PASS_OPS,
@@ -41,6 +41,7 @@ from .parallel import (
     serial_seconds,
 )
 from .reduction import MAX_WINDOW
+from .row_staging import row_staging_pays
 
 
 def _dims(graph, tid: int) -> list[float]:
@@ -130,6 +131,22 @@ def _prologue_keeps_lanes(graph, group, tid: int) -> bool:
     return True
 
 
+def _prologue_published(graph, group, tid: int) -> bool:
+    """Whether the group publishes a tensor its ops producing ``tid`` compute."""
+    published = set(_published(graph, group))
+    pending, seen = [tid], set()
+    while pending:
+        t = pending.pop()
+        producer = graph.tensors[t].producer
+        if producer is None or producer not in group or t in seen:
+            continue
+        seen.add(t)
+        if t in published:
+            return True
+        pending.extend(graph.nodes[producer].inputs)
+    return False
+
+
 @dataclass(frozen=True)
 class ConvKernel:
     """What the conv rules make of a group, as the cost model needs it.
@@ -165,7 +182,7 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         return None
     data, weight = _dims(graph, conv.inputs[0]), _dims(graph, conv.inputs[1])
     flops = conv.flops(graph.dims).get(OpClass.CONV, 0.0)
-    count = 0
+    count, depthwise = 0, False
     if len(out) == 5 and len(data) == 5 and len(weight) in (5, 6):  # NCHW[b]c
         n, blocks, rows, width, block = (int(d) for d in out)
         depthwise = len(weight) == 5
@@ -210,11 +227,13 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
     if (pad[0] > 0 or pad[1] > 0 or prologue) and not inline_pad:
         padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
         # Blocked: computed per task of the row loop when that pays (the rule's trial reads
-        # the same factor from the loops): output-channel groups x input rows per task.
-        groups = blocks // tiles.fo if len(out) == 5 else 0
-        per_row = groups and row_staging_pays(
-            groups * out[2] * kh / (data[2] + pad[0]),
-            _prologue_keeps_lanes(graph, group, conv.inputs[0]))
+        # the same factor from the loops): input rows per task over the rows, times the
+        # output-channel groups of a dense conv (each reads every input channel).
+        groups = (1 if depthwise else blocks // tiles.fo) if len(out) == 5 else 0
+        # A prologue output the group publishes stays an output block (never moved).
+        per_row = groups and not _prologue_published(graph, group, conv.inputs[0]) \
+            and row_staging_pays(groups * out[2] * kh / (data[2] + pad[0]),
+                                 _prologue_keeps_lanes(graph, group, conv.inputs[0]))
         if not per_row:
             chunks = int(padded / data[-1])
             count += parallel_pays(hw, elementwise_seconds(hw, padded, 8.0), chunks)
