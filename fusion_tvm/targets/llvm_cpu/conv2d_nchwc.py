@@ -293,7 +293,8 @@ class Conv2dNCHWc(ScheduleRule):
             with contextlib.suppress(ScheduleError):
                 sch.compute_inline(producers[0])
                 producers = []
-        sch, producers = stage_per_row(sch, producers, outer)
+        if not depthwise:  # see row_staging_pays for why not a depthwise conv
+            sch, producers = stage_per_row(sch, producers, outer)
         for producer in producers:  # zero padding / prologue: one parallel pass each
             with contextlib.suppress(ScheduleError):
                 parallel_vectorize(sch, producer, hw)

@@ -78,7 +78,8 @@ def b_transposed(graph, group, node) -> bool:
 
 def _lane_prologue(graph, group, tid: int) -> dict | None:
     """FLOPs by class of the ops of ``group`` producing ``tid`` when they are elementwise on
-    one input tensor of ``tid``'s shape (scalar constants aside) and cheap (at most
+    one input tensor of ``tid``'s shape (scalar constants aside; slices keeping the lanes
+    may stand between, :func:`_lane_slice`) and cheap (at most
     ``MAX_INLINE_PROLOGUE_OPS`` per element, no transcendental): the padding block they
     inline into then reads one tensor, lanes innermost, as the depthwise rule requires to
     inline it. None otherwise."""
@@ -98,7 +99,8 @@ def _lane_prologue(graph, group, tid: int) -> dict | None:
             continue
         seen.add(producer)
         node = graph.nodes[producer]
-        if node.pattern > PatternKind.BROADCAST or _dims(graph, node.outputs[0]) != shape:
+        if _dims(graph, node.outputs[0]) != shape or node.pattern > PatternKind.BROADCAST \
+                and not _lane_slice(graph, node, shape):
             return None
         for cls, f in node.flops(graph.dims).items():
             work[cls] = work.get(cls, 0.0) + f
@@ -106,9 +108,23 @@ def _lane_prologue(graph, group, tid: int) -> dict | None:
     if work.get(OpClass.TRANSCENDENTAL) or \
             work.get(OpClass.ELEMENTWISE, 0.0) / elems > MAX_INLINE_PROLOGUE_OPS + 1e-9:
         return None
-    if len(external) != 1 or _dims(graph, next(iter(external))) != shape:
+    if len(external) != 1 or not _same_lanes(_dims(graph, next(iter(external))), shape):
         return None
     return work
+
+
+def _same_lanes(dims: list[float], shape: list[float]) -> bool:
+    return len(dims) == len(shape) and bool(dims) and dims[-1] == shape[-1]
+
+
+def _lane_slice(graph, node, shape: list[float]) -> bool:
+    """Whether ``node`` moves data without arithmetic between tensors of ``shape``'s rank
+    and lane count (a slice along the channel blocks or rows: MixNet's channel groups),
+    so the padding it inlines into still reads lanes innermost."""
+    return node.pattern == PatternKind.INJECTIVE and not node.is_view \
+        and not node.flops(graph.dims) and all(
+            _same_lanes(_dims(graph, t), shape) for t in node.inputs
+            if math.prod(_dims(graph, t) or [1.0]) > 1)
 
 
 def _prologue_keeps_lanes(graph, group, tid: int) -> bool:
@@ -226,10 +242,10 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
     staged, recompute = 0.0, {}
     if (pad[0] > 0 or pad[1] > 0 or prologue) and not inline_pad:
         padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
-        # Blocked: computed per task of the row loop when that pays (the rule's trial reads
-        # the same factor from the loops): input rows per task over the rows, times the
-        # output-channel groups of a dense conv (each reads every input channel).
-        groups = (1 if depthwise else blocks // tiles.fo) if len(out) == 5 else 0
+        # Blocked dense: computed per task of the row loop when that pays (the rule's trial
+        # reads the same factor from the loops): output-channel groups (each reads every
+        # input channel) x input rows per task over the rows.
+        groups = blocks // tiles.fo if len(out) == 5 and not depthwise else 0
         # A prologue output the group publishes stays an output block (never moved).
         per_row = groups and not _prologue_published(graph, group, conv.inputs[0]) \
             and row_staging_pays(groups * out[2] * kh / (data[2] + pad[0]),
