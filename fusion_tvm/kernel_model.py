@@ -37,12 +37,16 @@ class KernelTraits:
     parallel_regions : int, optional
         The kernel's parallel loops when the target counted them with the rest (then
         :meth:`KernelModel.parallel_regions` is not asked again).
+    compute_scale : float
+        How many times longer the kernel's compute takes than the rule's calibrated
+        efficiency says (a kernel off the rule's fast path: a grouped conv left in NCHW).
     """
 
     main_parallel: bool
     staged_bytes: float = 0.0
     recompute: dict = field(default_factory=dict)
     parallel_regions: int | None = None
+    compute_scale: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -415,6 +415,8 @@ class RooflineCostModel(CostModel):
             cls = "plain"
         eff = self.efficiency(rule, cls)
         compute_s = sum(f / hw.peak_flops[cls] for cls, f in flops.items())
+        if traits is not None:
+            compute_s *= traits.compute_scale
         ext_inputs = sorted(touched)
         in_sizes = {t: graph.nbytes(t) * touched[t] for t in ext_inputs}
         in_bytes = sum(in_sizes.values())

@@ -236,3 +236,43 @@ def test_depthwise_prologue_priced_as_the_kernel_runs(channels, size, stride):
              for p in mod["main"].params]
     want = fusion_tvm.compile(mod, target="llvm", hw=HW, fusion="none").run(feeds)[0]
     np.testing.assert_allclose(cm.run(feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def _depthwise(channels: int, size: int, stride: int):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.Var("w", relax.TensorType((channels, 1, 5, 5), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=2, groups=channels))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("channels,size,stride", [(58, 56, 2), (36, 28, 1)])
+def test_nchw_grouped_conv_priced_off_the_fast_path(channels, size, stride):
+    """A depthwise conv no channel block divides stays in NCHW, where it runs ~6x slower
+    per FLOP than the conv rule's calibrated rate (GhostNet's 5 x 5 / 2 at 16 GFLOP/s,
+    predicted 3.6x too fast): the kernel model scales its compute by ``NCHW_PENALTY``, and
+    the rule and the model take the parallel decision on the scaled work alike."""
+    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+    from fusion_tvm.targets.llvm_cpu.efficiency import NCHW_PENALTY
+
+    hw = HW
+    mod = _depthwise(channels, size, stride)
+    cm = fusion_tvm.compile(mod, target="llvm", hw=hw)
+    kernels = [k for k in plan_kernels(cm) if k.rule == "conv2d"]
+    assert len(kernels) == 1, [(k.func_name, k.rule) for k in plan_kernels(cm)]
+    kernel = kernels[0]
+    assert parallel_loops(kernel.func) == int(kernel.detail["parallel_regions"])
+    graph = cm.plan.blocks[0].graph
+    group = next(g for g in cm.plan.groups if g.kernel == kernel.func_name)
+    traits = LLVMCPUBackend().kernel_traits(graph, frozenset(group.node_ids), "conv2d", hw)
+    assert traits is not None and traits.compute_scale == NCHW_PENALTY
+    assert traits.main_parallel  # at 1x the work both would stay serial at these sizes
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32")
+             for p in mod["main"].params]
+    want = fusion_tvm.compile(mod, target="llvm", hw=hw, fusion="none").run(feeds)[0]
+    np.testing.assert_allclose(cm.run(feeds)[0], want, rtol=1e-4, atol=1e-4)

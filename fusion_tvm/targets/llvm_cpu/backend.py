@@ -104,7 +104,7 @@ class LLVMCPUBackend(Backend):
         if kernel is None:
             return None
         return KernelTraits(kernel.rows_parallel, kernel.staged_bytes, dict(kernel.recompute),
-                            kernel.regions)
+                            kernel.regions, kernel.compute_scale)
 
     def hoists_broadcasts(self, rule: str) -> bool:
         """The contraction rules run their epilogue nests unfused, row-major, innermost

@@ -33,6 +33,7 @@ from ._util import (
     sole_contraction,
     static_extent,
 )
+from .efficiency import NCHW_PENALTY
 from .parallel import conv_parallel_pays, repack_pays
 
 
@@ -140,7 +141,10 @@ class Conv2d(ScheduleRule):
                                             ctiles, hw, flops)
         inline_spatial(sch, keep=(main,))
         producers = [b for b in sch.get_producers(main) if is_spatial(sch, b)]
-
+        # A grouped (depthwise) conv reads input channels by output channel: off the fast
+        # path, NCHW_PENALTY times slower per FLOP, so its rows pay for the fork/join sooner.
+        if f_var in set(tirx.analysis.undefined_vars(windowed[0].region[1].min)):
+            flops = flops and flops * NCHW_PENALTY
         fo, fi = sch.split(loop_of[f_var], [None, tiles.fr])
         xo, xd, xv = sch.split(loop_of[x_var], [None, tiles.xvecs, tiles.vec])
         reds = [loop_of[v] for v in reduce_vars]

@@ -46,3 +46,12 @@ EFFICIENCY: dict[str, float] = {
     "flash_attention": 1.31,
     "staged_chain": 1.31,  # priced stage by stage (``RooflineCostModel._chained``)
 }
+
+#: Time of a depthwise or grouped conv's MAC left in NCHW (its channels, or each group's,
+#: not whole blocks) against one in a full-rate block: the NCHW depthwise 3x3/2 of
+#: MobileNetV3 (72 channels) ran at 12 GFLOP/s against 94-172 blocked, grouped 3x3 convs
+#: (ResNeXt, RegNetY) at 23-76 against ~200 (2-core Zen 4); GhostNet's NCHW 5x5/2 depthwise
+#: 16 GFLOP/s. ConvertToNCHWc's block choice, the conv rule's parallel decision and the
+#: kernel model's price all use it. A dense conv left in NCHW runs as a matmul (1x1) or on
+#: the row template, near the blocked rate: priced as full rate.
+NCHW_PENALTY = 6.0

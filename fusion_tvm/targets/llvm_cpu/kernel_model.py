@@ -25,6 +25,7 @@ from ...tir_analysis import evaluate, shape_elems
 from .attention import ROW_TILE
 from .conv2d import derive_channel_tiles, derive_tiles
 from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS, derive_blocked_tiles
+from .efficiency import NCHW_PENALTY
 from .matmul import derive_tiles as derive_matmul_tiles
 from .parallel import (
     ROW_PASS_OPS,
@@ -171,13 +172,15 @@ class ConvKernel:
     the kernel's main loop, are one of them; ``staged_bytes``: a zero-padded copy of the
     input (with the prologue applied) written before the convolution and read back by it;
     ``recompute``: FLOPs by class of a prologue inlined into the convolution's loads beyond
-    its one evaluation per element (it runs once per tap that reads an element).
+    its one evaluation per element (it runs once per tap that reads an element);
+    ``compute_scale``: ``NCHW_PENALTY`` for a grouped (depthwise) conv left in NCHW.
     """
 
     regions: int
     rows_parallel: bool
     staged_bytes: float = 0.0
     recompute: Mapping[OpClass, float] = field(default_factory=dict)
+    compute_scale: float = 1.0
 
 
 def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> int | None:
@@ -198,7 +201,7 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         return None
     data, weight = _dims(graph, conv.inputs[0]), _dims(graph, conv.inputs[1])
     flops = conv.flops(graph.dims).get(OpClass.CONV, 0.0)
-    count, depthwise = 0, False
+    count, depthwise, scale = 0, False, 1.0
     if len(out) == 5 and len(data) == 5 and len(weight) in (5, 6):  # NCHW[b]c
         n, blocks, rows, width, block = (int(d) for d in out)
         depthwise = len(weight) == 5
@@ -213,6 +216,8 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         kind = conv_kind(graph, frozenset([conv.id]), hw)
         if kind == "window":
             return None
+        if int(weight[1]) != int(data[1]):  # grouped / depthwise: off the fast path
+            scale = NCHW_PENALTY
         if kind == "row":
             tiles = derive_tiles(hw, 32, channels, width)
             fr = tiles.fr if tiles is not None else 1
@@ -220,7 +225,7 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
             ctiles = derive_channel_tiles(hw, 32, channels, width)
             fr = ctiles.fr if ctiles is not None else 1
             count += repack_pays(hw, math.prod(weight), -(-channels // fr))
-        rows_parallel = conv_parallel_pays(hw, flops, n * -(-channels // fr) * rows)
+        rows_parallel = conv_parallel_pays(hw, flops * scale, n * -(-channels // fr) * rows)
     else:
         return None
     count += rows_parallel
@@ -266,7 +271,7 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
             elems = math.prod(shape)
             count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
                                    int(elems / shape[-1]))
-    return ConvKernel(int(count), bool(rows_parallel), staged, recompute)
+    return ConvKernel(int(count), bool(rows_parallel), staged, recompute, scale)
 
 
 def window_regions(graph, group: frozenset[int], hw: HardwareSpec) -> int | None:

@@ -31,6 +31,7 @@ import tvm_ffi
 from tvm import relax, s_tir, te, tirx, topi
 
 from ...relax_rewrite import static_shape
+from .efficiency import NCHW_PENALTY
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
@@ -78,12 +79,6 @@ def _conv_dims(call: relax.Call) -> tuple[int, int, int, float] | None:
     return x[1], w[0], int(a.groups), macs
 
 
-#: Time of a depthwise or grouped conv's MAC left in NCHW (its channels, or each group's,
-#: not whole blocks) against one in a full-rate block: the NCHW depthwise 3x3/2 of
-#: MobileNetV3 (72 channels) ran at 12 GFLOP/s against 94-172 blocked, grouped 3x3 convs
-#: (ResNeXt, RegNetY) at 23-76 against ~200 (2-core Zen 4). A dense conv left in NCHW runs
-#: as a matmul (1x1) or on the row template, near the blocked rate: priced as full rate.
-NCHW_PENALTY = 6.0
 #: Rate of a block narrower than the vector register, even where it is full-rate FMA
 #: width: ResNet-50 in blocks of 8 took 1.087x its time in blocks of 16 on Zen 4 (more
 #: loads per FMA, smaller register tiles).
