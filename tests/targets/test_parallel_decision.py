@@ -259,20 +259,19 @@ def test_nchw_grouped_conv_priced_off_the_fast_path(channels, size, stride):
     from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
     from fusion_tvm.targets.llvm_cpu.efficiency import NCHW_PENALTY
 
-    hw = HW
     mod = _depthwise(channels, size, stride)
-    cm = fusion_tvm.compile(mod, target="llvm", hw=hw)
+    cm = fusion_tvm.compile(mod, target="llvm", hw=HW)
     kernels = [k for k in plan_kernels(cm) if k.rule == "conv2d"]
     assert len(kernels) == 1, [(k.func_name, k.rule) for k in plan_kernels(cm)]
     kernel = kernels[0]
     assert parallel_loops(kernel.func) == int(kernel.detail["parallel_regions"])
     graph = cm.plan.blocks[0].graph
     group = next(g for g in cm.plan.groups if g.kernel == kernel.func_name)
-    traits = LLVMCPUBackend().kernel_traits(graph, frozenset(group.node_ids), "conv2d", hw)
+    traits = LLVMCPUBackend().kernel_traits(graph, frozenset(group.node_ids), "conv2d", HW)
     assert traits is not None and traits.compute_scale == NCHW_PENALTY
     assert traits.main_parallel  # at 1x the work both would stay serial at these sizes
     rng = np.random.default_rng(0)
     feeds = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32")
              for p in mod["main"].params]
-    want = fusion_tvm.compile(mod, target="llvm", hw=hw, fusion="none").run(feeds)[0]
+    want = fusion_tvm.compile(mod, target="llvm", hw=HW, fusion="none").run(feeds)[0]
     np.testing.assert_allclose(cm.run(feeds)[0], want, rtol=1e-4, atol=1e-4)

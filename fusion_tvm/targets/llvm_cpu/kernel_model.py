@@ -128,40 +128,36 @@ def _lane_slice(graph, node, shape: list[float]) -> bool:
             if math.prod(_dims(graph, t) or [1.0]) > 1)
 
 
+def _prologue_tensors(graph, group, tid: int) -> list[int]:
+    """``tid`` and the tensors upstream of it that ops of ``group`` produce, each once."""
+    found, pending = [], [tid]
+    while pending:
+        t = pending.pop()
+        producer = graph.tensors[t].producer
+        if producer is None or producer not in group or t in found:
+            continue
+        found.append(t)
+        pending.extend(graph.nodes[producer].inputs)
+    return found
+
+
 def _prologue_keeps_lanes(graph, group, tid: int) -> bool:
     """Whether the ops of ``group`` producing ``tid`` (padding, concat, slice, elementwise)
     read and write only tensors of its rank (scalars aside), so the block they become
     copies whole lane vectors; a layout change or reshape among them gathers across
     lanes."""
     rank = len(graph.tensors[tid].shape)
-    pending, seen = [tid], set()
-    while pending:
-        producer = graph.tensors[pending.pop()].producer
-        if producer is None or producer not in group or producer in seen:
-            continue
-        seen.add(producer)
+    for producer in {graph.tensors[t].producer for t in _prologue_tensors(graph, group, tid)}:
         node = graph.nodes[producer]
         tensors = [*node.inputs, *node.outputs]
         if node.is_view or any(len(graph.tensors[t].shape) not in (0, rank) for t in tensors):
             return False
-        pending.extend(node.inputs)
     return True
 
 
 def _prologue_published(graph, group, tid: int) -> bool:
     """Whether the group publishes a tensor its ops producing ``tid`` compute."""
-    published = set(_published(graph, group))
-    pending, seen = [tid], set()
-    while pending:
-        t = pending.pop()
-        producer = graph.tensors[t].producer
-        if producer is None or producer not in group or t in seen:
-            continue
-        seen.add(t)
-        if t in published:
-            return True
-        pending.extend(graph.nodes[producer].inputs)
-    return False
+    return not set(_published(graph, group)).isdisjoint(_prologue_tensors(graph, group, tid))
 
 
 @dataclass(frozen=True)
@@ -250,10 +246,10 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         # Blocked dense: computed per task of the row loop when that pays (the rule's trial
         # reads the same factor from the loops): output-channel groups (each reads every
         # input channel) x input rows per task over the rows.
-        groups = blocks // tiles.fo if len(out) == 5 and not depthwise else 0
+        fo_groups = blocks // tiles.fo if len(out) == 5 and not depthwise else 0
         # A prologue output the group publishes stays an output block (never moved).
-        per_row = groups and not _prologue_published(graph, group, conv.inputs[0]) \
-            and row_staging_pays(groups * out[2] * kh / (data[2] + pad[0]),
+        per_row = fo_groups and not _prologue_published(graph, group, conv.inputs[0]) \
+            and row_staging_pays(fo_groups * out[2] * kh / (data[2] + pad[0]),
                                  _prologue_keeps_lanes(graph, group, conv.inputs[0]))
         if not per_row:
             chunks = int(padded / data[-1])
