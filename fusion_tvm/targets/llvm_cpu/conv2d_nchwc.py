@@ -44,6 +44,10 @@ from .row_staging import stage_per_row
 #: Ops per element of a prologue a depthwise conv recomputes inline with its padding
 #: (a clip, a bias and ReLU, BN's multiply-add); a SiLU's polynomial sigmoid is not one.
 MAX_INLINE_PROLOGUE_OPS = 4
+#: Tensors that prologue may read: a concat along the channel blocks reads two (GhostNet's
+#: ghost halves: concat + 3 x 3 / 2 depthwise 67 -> 13 us inline, against 9 + 12 us as two
+#: kernels; the padded pass was serial-slow with the concat's select in it).
+MAX_INLINE_PROLOGUE_SOURCES = 2
 
 
 #: Output columns of a depthwise register tile. Each column is one FMA per loaded vector
@@ -131,17 +135,19 @@ def _strided(data: tirx.BufferRegion, out, out_vars, reduce_vars) -> bool:
     return all((_stride(data.region[a].min, out_vars[a], variables) or 0) >= 2 for a in (2, 3))
 
 
-def _pad_ops(sch: s_tir.Schedule, block) -> int | None:
+def _pad_ops(sch: s_tir.Schedule, block, sources: int = 1) -> int | None:
     """Arithmetic ops per element of ``block`` when it zero-pads (an elementwise function
-    of) one function parameter with lanes kept innermost; None for any other block."""
+    of) function parameters with lanes kept innermost, at most ``sources`` of them (a
+    concat along the channel blocks reads two); None for any other block."""
     stmt = sch.get(block)
-    if len(stmt.reads) != 1 or len(stmt.writes) != 1:
+    if not 1 <= len(stmt.reads) <= sources or len(stmt.writes) != 1:
         return None
-    source = stmt.reads[0].source
-    if not any(p.same_as(source) for p in sch.mod["main"].params):
+    params = sch.mod["main"].params
+    if not all(any(p.same_as(r.source) for p in params) for r in stmt.reads):
         return None
     lane = stmt.writes[0].region[-1].min
-    if not isinstance(lane, tirx.Var) or not stmt.reads[0].region[-1].min.same_as(lane):
+    if not isinstance(lane, tirx.Var) or \
+            not all(r.region[-1].min.same_as(lane) for r in stmt.reads):
         return None
     value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
     if value is None:
@@ -277,7 +283,8 @@ class Conv2dNCHWc(ScheduleRule):
         sch.unroll(xi)
         sch.vectorize(loop_of[lane_var])
         sch.decompose_reduction(main, reds[0])
-        ops = _pad_ops(sch, producers[0]) if len(producers) == 1 else None
+        sources = MAX_INLINE_PROLOGUE_SOURCES if depthwise else 1
+        ops = _pad_ops(sch, producers[0], sources) if len(producers) == 1 else None
         if ops is not None and (
             depthwise and ops <= MAX_INLINE_PROLOGUE_OPS
             or ops == 0 and _strided(data[0], stmt.writes[0].source, m.out_vars, reduce_vars)
@@ -295,7 +302,33 @@ class Conv2dNCHWc(ScheduleRule):
                 producers = []
         if not depthwise:  # see row_staging_pays for why not a depthwise conv
             sch, producers = stage_per_row(sch, producers, outer)
-        for producer in producers:  # zero padding / prologue: one parallel pass each
+        # Zero padding / prologue: one parallel pass each, and so is a prologue output the
+        # group publishes that they (or the inlined padding) read.
+        for producer in producers + _published_upstream(sch, main, producers):
             with contextlib.suppress(ScheduleError):
                 parallel_vectorize(sch, producer, hw)
         return sch
+
+
+def _published_upstream(sch: s_tir.Schedule, main: SBlockRV,
+                        shaped: list[SBlockRV]) -> list[SBlockRV]:
+    """Spatial blocks upstream of ``main`` outside its loops and not in ``shaped``: the
+    prologue outputs a kernel publishes (they cannot be inlined), which the padding, a
+    prologue pass or the conv's guarded loads read. Upstream first."""
+    top = sch.get(sch.get_loops(main)[0])
+    shaped_stmts = [sch.get(b) for b in shaped]
+    seen: list = []
+    found: list[SBlockRV] = []
+    pending = list(sch.get_producers(main))
+    while pending:
+        b = pending.pop()
+        stmt = sch.get(b)
+        if any(stmt.same_as(v) for v in seen):
+            continue
+        seen.append(stmt)
+        loops = sch.get_loops(b)
+        if loops and not sch.get(loops[0]).same_as(top) and is_spatial(sch, b) \
+                and not any(stmt.same_as(v) for v in shaped_stmts):
+            found.append(b)
+        pending.extend(sch.get_producers(b))
+    return found[::-1]

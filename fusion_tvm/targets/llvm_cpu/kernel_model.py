@@ -24,7 +24,11 @@ from ...ops import OpClass, PatternKind
 from ...tir_analysis import evaluate, shape_elems
 from .attention import ROW_TILE
 from .conv2d import derive_channel_tiles, derive_tiles
-from .conv2d_nchwc import MAX_INLINE_PROLOGUE_OPS, derive_blocked_tiles
+from .conv2d_nchwc import (
+    MAX_INLINE_PROLOGUE_OPS,
+    MAX_INLINE_PROLOGUE_SOURCES,
+    derive_blocked_tiles,
+)
 from .efficiency import NCHW_PENALTY
 from .matmul import derive_tiles as derive_matmul_tiles
 from .parallel import (
@@ -79,20 +83,23 @@ def b_transposed(graph, group, node) -> bool:
 
 def _lane_prologue(graph, group, tid: int) -> dict | None:
     """FLOPs by class of the ops of ``group`` producing ``tid`` when they are elementwise on
-    one input tensor of ``tid``'s shape (scalar constants aside; slices keeping the lanes
-    may stand between, :func:`_lane_slice`) and cheap (at most
+    at most ``MAX_INLINE_PROLOGUE_SOURCES`` tensors of ``tid``'s shape (scalar constants
+    aside; ops that move lanes without arithmetic, a slice or a concat along the channel
+    blocks or rows, may stand between, :func:`_lane_slice`) and cheap (at most
     ``MAX_INLINE_PROLOGUE_OPS`` per element, no transcendental): the padding block they
-    inline into then reads one tensor, lanes innermost, as the depthwise rule requires to
-    inline it. None otherwise."""
+    inline into then reads those tensors, lanes innermost, as the depthwise rule requires
+    to inline it. A prologue tensor the group publishes is one of the tensors read (its
+    block stays a pass of its own). None otherwise."""
     shape = _dims(graph, tid)
     elems = max(1.0, math.prod(shape))
+    published = set(_published(graph, group))
     work: dict = {}
     external: set[int] = set()
     pending, seen = [tid], set()
     while pending:
         t = pending.pop()
         producer = graph.tensors[t].producer
-        if producer is None or producer not in group:
+        if producer is None or producer not in group or t in published:
             if math.prod(_dims(graph, t) or [1.0]) > 1:
                 external.add(t)
             continue
@@ -100,16 +107,17 @@ def _lane_prologue(graph, group, tid: int) -> dict | None:
             continue
         seen.add(producer)
         node = graph.nodes[producer]
-        if _dims(graph, node.outputs[0]) != shape or node.pattern > PatternKind.BROADCAST \
-                and not _lane_slice(graph, node, shape):
-            return None
+        if node.pattern > PatternKind.BROADCAST or _dims(graph, node.outputs[0]) != shape:
+            if not _lane_slice(graph, node, shape):
+                return None
         for cls, f in node.flops(graph.dims).items():
             work[cls] = work.get(cls, 0.0) + f
         pending.extend(node.inputs)
     if work.get(OpClass.TRANSCENDENTAL) or \
             work.get(OpClass.ELEMENTWISE, 0.0) / elems > MAX_INLINE_PROLOGUE_OPS + 1e-9:
         return None
-    if len(external) != 1 or not _same_lanes(_dims(graph, next(iter(external))), shape):
+    if not 1 <= len(external) <= MAX_INLINE_PROLOGUE_SOURCES or \
+            not all(_same_lanes(_dims(graph, t), shape) for t in external):
         return None
     return work
 
@@ -119,12 +127,12 @@ def _same_lanes(dims: list[float], shape: list[float]) -> bool:
 
 
 def _lane_slice(graph, node, shape: list[float]) -> bool:
-    """Whether ``node`` moves data without arithmetic between tensors of ``shape``'s rank
-    and lane count (a slice along the channel blocks or rows: MixNet's channel groups),
-    so the padding it inlines into still reads lanes innermost."""
-    return node.pattern == PatternKind.INJECTIVE and not node.is_view \
-        and not node.flops(graph.dims) and all(
-            _same_lanes(_dims(graph, t), shape) for t in node.inputs
+    """Whether ``node`` moves data between tensors of ``shape``'s rank and lane count (a
+    slice or a concat along the channel blocks or rows: MixNet's channel groups, GhostNet's
+    ghost halves; a concat's select counts as its work), so the padding it inlines into
+    still reads lanes innermost."""
+    return node.pattern == PatternKind.INJECTIVE and not node.is_view and all(
+            _same_lanes(_dims(graph, t), shape) for t in (*node.inputs, *node.outputs[:1])
             if math.prod(_dims(graph, t) or [1.0]) > 1)
 
 
@@ -258,6 +266,12 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
     elif lane_prologue:  # inlined into the depthwise loads: once per tap reading an element
         taps = math.prod(out) * kh * kw / max(1.0, math.prod(data))
         recompute = {cls: f * max(0.0, taps - 1.0) for cls, f in lane_prologue.items()}
+    # A prologue output the group publishes: its block cannot be inlined, a pass of its own.
+    for t in set(_published(graph, group)) & set(_prologue_tensors(graph, group, conv.inputs[0])):
+        shape = _dims(graph, t)
+        elems = math.prod(shape)
+        count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
+                               int(elems / shape[-1]) if len(shape) > 1 else None)
     for n in group:  # to / from NCHW[b]c after the conv: not computed per register tile
         node = graph.nodes[n]
         if n == conv.id or not node.outputs or node.is_contraction:
