@@ -46,7 +46,9 @@ from .row_staging import stage_per_row
 MAX_INLINE_PROLOGUE_OPS = 4
 #: Tensors that prologue may read: a concat along the channel blocks reads two (GhostNet's
 #: ghost halves: concat + 3 x 3 / 2 depthwise 67 -> 13 us inline, against 9 + 12 us as two
-#: kernels; the padded pass was serial-slow with the concat's select in it).
+#: kernels; the padded pass was serial-slow with the concat's select in it). Only a select
+#: reads more than one: arithmetic on two tensors loads both on every tap (LCNet's
+#: hard-swish multiply inlined into the depthwise: the model 3.6-5% slower).
 MAX_INLINE_PROLOGUE_SOURCES = 2
 
 
@@ -152,12 +154,26 @@ def _pad_ops(sch: s_tir.Schedule, block, sources: int = 1) -> int | None:
     value = stmt.body.value if isinstance(stmt.body, tirx.BufferStore) else None
     if value is None:
         return None
-    if getattr(getattr(value, "op", None), "name", "").endswith("if_then_else"):
+    if _is_select(value):
         value = value.args[1]  # the padding's guard is not the prologue's work
+    if len(stmt.reads) > 1 and not _selects_loads(value):
+        return None  # arithmetic on two tensors: both loaded on every tap
     ops = count_ops(value)
     if ops.get(OpClass.TRANSCENDENTAL):
         return None
     return ops.get(OpClass.ELEMENTWISE, 0)
+
+
+def _is_select(expr) -> bool:
+    return getattr(getattr(expr, "op", None), "name", "").endswith("if_then_else")
+
+
+def _selects_loads(expr) -> bool:
+    """Whether ``expr`` picks one load by conditions (a concat): every element then
+    loads one tensor."""
+    if _is_select(expr):
+        return _selects_loads(expr.args[1]) and _selects_loads(expr.args[2])
+    return isinstance(expr, tirx.BufferLoad)
 
 
 @dataclass

@@ -86,10 +86,11 @@ def _lane_prologue(graph, group, tid: int) -> dict | None:
     at most ``MAX_INLINE_PROLOGUE_SOURCES`` tensors of ``tid``'s shape (scalar constants
     aside; ops that move lanes without arithmetic, a slice or a concat along the channel
     blocks or rows, may stand between, :func:`_lane_slice`) and cheap (at most
-    ``MAX_INLINE_PROLOGUE_OPS`` per element, no transcendental): the padding block they
-    inline into then reads those tensors, lanes innermost, as the depthwise rule requires
-    to inline it. A prologue tensor the group publishes is one of the tensors read (its
-    block stays a pass of its own). None otherwise."""
+    ``MAX_INLINE_PROLOGUE_OPS`` per element, no transcendental), more than one only through
+    ops that move data (a concat's select): the padding block they inline into then reads
+    those tensors, lanes innermost, as the depthwise rule requires to inline it. A prologue
+    tensor the group publishes is one of the tensors read (its block stays a pass of its
+    own). None otherwise."""
     shape = _dims(graph, tid)
     elems = max(1.0, math.prod(shape))
     published = set(_published(graph, group))
@@ -118,6 +119,9 @@ def _lane_prologue(graph, group, tid: int) -> dict | None:
         return None
     if not 1 <= len(external) <= MAX_INLINE_PROLOGUE_SOURCES or \
             not all(_same_lanes(_dims(graph, t), shape) for t in external):
+        return None
+    if len(external) > 1 and not all(  # only a select (concat) reads two tensors
+            graph.nodes[n].is_view or _lane_slice(graph, graph.nodes[n], shape) for n in seen):
         return None
     return work
 
@@ -272,9 +276,15 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         elems = math.prod(shape)
         count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
                                int(elems / shape[-1]) if len(shape) > 1 else None)
-    for n in group:  # to / from NCHW[b]c after the conv: not computed per register tile
+    # An output of another rank after the conv (to / from NCHW[b]c): not computed per
+    # register tile but a pass of its own, the unpublished ops before it inlined into it (a
+    # round trip back to the conv's layout is computed per tile).
+    before = {graph.tensors[t].producer for t in _prologue_tensors(graph, group, conv.inputs[0])}
+    published = set(_published(graph, group))
+    for n in group:
         node = graph.nodes[n]
-        if n == conv.id or not node.outputs or node.is_contraction:
+        if n == conv.id or n in before or not node.outputs or node.is_contraction \
+                or node.outputs[0] not in published:
             continue
         shape = _dims(graph, node.outputs[0])
         if len(shape) != len(out) and len(shape) > 1:
