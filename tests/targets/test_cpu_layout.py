@@ -616,3 +616,32 @@ def test_depthwise_conv_reads_a_concat_inline():
     assert parallel_loops(kernel.func) == int(kernel.detail["parallel_regions"])
     x = RNG.standard_normal((1, 32, 28, 28)).astype("float32")
     np.testing.assert_allclose(_run(blocked, x), _run(native, x), rtol=1e-4, atol=1e-4)
+
+
+def test_channel_vector_conv_weights_are_packed_at_compile_time():
+    """The NCHW channel-vector conv kernel reads its constant weight packed
+    ``[f // fr, c, kh, kw, f % fr]`` at compile time (PrepackWeights), not repacked on
+    every call (MixNet-S's SE expand convs: 59 -> 6 us, the model 1.13x faster)."""
+    from fusion_tvm.passes.prepack_weights import PREPACK_ATTR, _blocks
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 24, 1, 1), "float32"))
+    nn = relax.op.nn
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.sigmoid(nn.conv2d(nn.relu(x), _const(96, 24, 1, 1))))
+            y = bb.emit_output(y)
+        bb.emit_func_output(y)
+    mod = bb.get()
+    hw = get_hardware(HW)
+    native = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="native"), hw=hw)
+    ref = fusion_tvm.compile(mod, fusion="none", schedule=False)
+    convs = [f for gv, f in native.fused_mod.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint]
+    assert len(convs) == 1 and convs[0].attrs[RULE_ATTR] == "conv2d"
+    packed = [p for p in convs[0].params if len(p.ty.shape) == 5]
+    assert len(packed) == 1, convs[0].script()
+    assert not any(b.annotations and PREPACK_ATTR in b.annotations
+                   for b in _blocks(convs[0].body))
+    v = RNG.standard_normal((1, 24, 1, 1)).astype("float32")
+    np.testing.assert_allclose(_run(native, v), _run(ref, v), rtol=1e-5, atol=1e-5)

@@ -232,7 +232,8 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         else:
             ctiles = derive_channel_tiles(hw, 32, channels, width)
             fr = ctiles.fr if ctiles is not None else 1
-            count += repack_pays(hw, math.prod(weight), -(-channels // fr))
+            if not graph.tensors[conv.inputs[1]].is_constant:  # else packed at compile time
+                count += repack_pays(hw, math.prod(weight), -(-channels // fr))
         rows_parallel = conv_parallel_pays(hw, flops * scale, n * -(-channels // fr) * rows)
     else:
         return None
