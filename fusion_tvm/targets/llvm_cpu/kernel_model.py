@@ -81,7 +81,7 @@ def b_transposed(graph, group, node) -> bool:
     return False
 
 
-def _lane_prologue(graph, group, tid: int) -> dict | None:
+def _lane_prologue(graph, group, tid: int, published: set[int]) -> dict | None:
     """FLOPs by class of the ops of ``group`` producing ``tid`` when they are elementwise on
     at most ``MAX_INLINE_PROLOGUE_SOURCES`` tensors of ``tid``'s shape (scalar constants
     aside; ops that move lanes without arithmetic, a slice or a concat along the channel
@@ -89,11 +89,10 @@ def _lane_prologue(graph, group, tid: int) -> dict | None:
     ``MAX_INLINE_PROLOGUE_OPS`` per element, no transcendental), more than one only through
     ops that move data (a concat's select): the padding block they inline into then reads
     those tensors, lanes innermost, as the depthwise rule requires to inline it. A prologue
-    tensor the group publishes is one of the tensors read (its block stays a pass of its
-    own). None otherwise."""
+    tensor the group publishes (in ``published``) is one of the tensors read (its block
+    stays a pass of its own). None otherwise."""
     shape = _dims(graph, tid)
     elems = max(1.0, math.prod(shape))
-    published = set(_published(graph, group))
     work: dict = {}
     external: set[int] = set()
     pending, seen = [tid], set()
@@ -153,23 +152,26 @@ def _prologue_tensors(graph, group, tid: int) -> list[int]:
     return found
 
 
-def _prologue_keeps_lanes(graph, group, tid: int) -> bool:
-    """Whether the ops of ``group`` producing ``tid`` (padding, concat, slice, elementwise)
-    read and write only tensors of its rank (scalars aside), so the block they become
-    copies whole lane vectors; a layout change or reshape among them gathers across
-    lanes."""
+def _prologue_keeps_lanes(graph, tid: int, tensors: list[int]) -> bool:
+    """Whether the ops producing ``tensors`` (``tid``'s prologue, :func:`_prologue_tensors`:
+    padding, concat, slice, elementwise) read and write only tensors of ``tid``'s rank
+    (scalars aside), so the block they become copies whole lane vectors; a layout change or
+    reshape among them gathers across lanes."""
     rank = len(graph.tensors[tid].shape)
-    for producer in {graph.tensors[t].producer for t in _prologue_tensors(graph, group, tid)}:
+    for producer in {graph.tensors[t].producer for t in tensors}:
         node = graph.nodes[producer]
-        tensors = [*node.inputs, *node.outputs]
-        if node.is_view or any(len(graph.tensors[t].shape) not in (0, rank) for t in tensors):
+        tensors_of = [*node.inputs, *node.outputs]
+        if node.is_view or any(len(graph.tensors[t].shape) not in (0, rank) for t in tensors_of):
             return False
     return True
 
 
-def _prologue_published(graph, group, tid: int) -> bool:
-    """Whether the group publishes a tensor its ops producing ``tid`` compute."""
-    return not set(_published(graph, group)).isdisjoint(_prologue_tensors(graph, group, tid))
+def _pass_pays(hw: HardwareSpec, elems: float, inner: float | None) -> bool:
+    """Whether one spatial pass over ``elems`` elements, ``inner`` of them innermost
+    (``parallel_vectorize``: the rest one parallel loop; None: a 1-d pass), runs in
+    parallel."""
+    return parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
+                         int(elems / inner) if inner else None)
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,10 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
     padded_extent = [data[a] + pad[a - 2] for a in (2, 3)]
     strided = all(round(p / out[a]) >= 2 for p, a in zip(padded_extent, (2, 3), strict=True)) \
         and all(isinstance(d, (int, tirx.IntImm)) for d in graph.tensors[conv.outputs[0]].shape)
-    lane_prologue = _lane_prologue(graph, group, conv.inputs[0]) if prologue else None
+    upstream = _prologue_tensors(graph, group, conv.inputs[0])  # [] without a prologue
+    published = set(_published(graph, group))
+    lane_prologue = _lane_prologue(graph, group, conv.inputs[0], published) if prologue \
+        else None
     inline_pad = len(out) == 5 and (
         len(weight) == 5 and (not prologue or lane_prologue is not None)
         or strided and not prologue)
@@ -261,27 +266,23 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         # input channel) x input rows per task over the rows.
         fo_groups = blocks // tiles.fo if len(out) == 5 and not depthwise else 0
         # A prologue output the group publishes stays an output block (never moved).
-        per_row = fo_groups and not _prologue_published(graph, group, conv.inputs[0]) \
+        per_row = fo_groups and published.isdisjoint(upstream) \
             and row_staging_pays(fo_groups * out[2] * kh / (data[2] + pad[0]),
-                                 _prologue_keeps_lanes(graph, group, conv.inputs[0]))
+                                 _prologue_keeps_lanes(graph, conv.inputs[0], upstream))
         if not per_row:
-            chunks = int(padded / data[-1])
-            count += parallel_pays(hw, elementwise_seconds(hw, padded, 8.0), chunks)
+            count += _pass_pays(hw, padded, data[-1])
             staged = 4.0 * padded
     elif lane_prologue:  # inlined into the depthwise loads: once per tap reading an element
         taps = math.prod(out) * kh * kw / max(1.0, math.prod(data))
         recompute = {cls: f * max(0.0, taps - 1.0) for cls, f in lane_prologue.items()}
     # A prologue output the group publishes: its block cannot be inlined, a pass of its own.
-    for t in set(_published(graph, group)) & set(_prologue_tensors(graph, group, conv.inputs[0])):
+    for t in published.intersection(upstream):
         shape = _dims(graph, t)
-        elems = math.prod(shape)
-        count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
-                               int(elems / shape[-1]) if len(shape) > 1 else None)
+        count += _pass_pays(hw, math.prod(shape), shape[-1] if len(shape) > 1 else None)
     # An output of another rank after the conv (to / from NCHW[b]c): not computed per
     # register tile but a pass of its own, the unpublished ops before it inlined into it (a
     # round trip back to the conv's layout is computed per tile).
-    before = {graph.tensors[t].producer for t in _prologue_tensors(graph, group, conv.inputs[0])}
-    published = set(_published(graph, group))
+    before = {graph.tensors[t].producer for t in upstream}
     for n in group:
         node = graph.nodes[n]
         if n == conv.id or n in before or not node.outputs or node.is_contraction \
@@ -289,9 +290,7 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
             continue
         shape = _dims(graph, node.outputs[0])
         if len(shape) != len(out) and len(shape) > 1:
-            elems = math.prod(shape)
-            count += parallel_pays(hw, elementwise_seconds(hw, elems, 8.0),
-                                   int(elems / shape[-1]))
+            count += _pass_pays(hw, math.prod(shape), shape[-1])
     return ConvKernel(int(count), bool(rows_parallel), staged, recompute, scale)
 
 
