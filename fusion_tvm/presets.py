@@ -144,12 +144,15 @@ def cpu_spec(
     fma_lanes: int | None = None,
     dram_bytes: int = 64 * GiB,
     fma_pipe_bits: int | None = None,
+    parallel_next_us: float | None = None,
 ) -> HardwareSpec:
     """Build a CPU spec from a few datasheet numbers.
 
     ``fma_lanes`` is the fp32 FMA lanes a core issues per cycle (two pipes times their width);
     None assumes two pipes of at most 256 bits, as AVX-512 runs on many cores;
     ``fma_pipe_bits`` the width of one pipe (None: the same assumption, min(SIMD, 256)).
+    ``parallel_us`` is a kernel's first thread-pool fork/join, ``parallel_next_us`` each
+    further one in the same kernel (None: the same).
     """
     lanes = simd_bits // 32
     fma_lanes = fma_lanes or 2 * min(lanes, 8)
@@ -177,6 +180,8 @@ def cpu_spec(
         ),
         launch_overhead_s=launch_us * 1e-6,
         parallel_overhead_s=parallel_us * 1e-6 if cores > 1 else 0.0,
+        parallel_region_s=(parallel_next_us * 1e-6 if cores > 1 else 0.0)
+        if parallel_next_us is not None else None,
         fma_pipe_bits=fma_pipe_bits or min(simd_bits, 256),
         efficiency={},
         default_efficiency=0.5,
@@ -247,37 +252,129 @@ def measure_dram_gbps(cores: int, mib: int = 96, repeats: int = 5) -> float:
     return best
 
 
-def host_dram_gbps(cores: int) -> float:
-    """The host's copy bandwidth, measured once per machine and cached
-    (``$FUSION_TVM_CACHE`` or ``~/.cache/fusion_tvm``; ``FUSION_TVM_DRAM_GBPS`` overrides)."""
-    import json
+def _host_key(cores: int) -> str:
     import platform
 
-    if os.environ.get("FUSION_TVM_DRAM_GBPS"):
-        return float(os.environ["FUSION_TVM_DRAM_GBPS"])
-    key = f"{platform.node()}-{host_cpu_name()}-{cores}c"
+    return f"{platform.node()}-{host_cpu_name()}-{cores}c"
+
+
+def _cached(key: str, measure: Callable[[], object], valid: Callable[[object], bool]):
+    """``measure()``, once per machine: read from / written to ``host.json`` in the cache
+    directory (``$FUSION_TVM_CACHE`` or ``~/.cache/fusion_tvm``) under ``key``."""
+    import json
+
     path = _cache_dir() / "host.json"
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
-    if isinstance(cached.get(key), (int, float)) and cached[key] > 0:
-        return float(cached[key])
-    gbps = measure_dram_gbps(cores)
-    cached[key] = round(gbps, 2)
+    if valid(cached.get(key)):
+        return cached[key]
+    value = measure()
+    cached[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(cached, indent=1) + "\n")
     except OSError:
         pass  # a read-only home: measured again next process
-    return gbps
+    return value
+
+
+def host_dram_gbps(cores: int) -> float:
+    """The host's copy bandwidth, measured once per machine and cached
+    (``$FUSION_TVM_CACHE`` or ``~/.cache/fusion_tvm``; ``FUSION_TVM_DRAM_GBPS`` overrides)."""
+    if os.environ.get("FUSION_TVM_DRAM_GBPS"):
+        return float(os.environ["FUSION_TVM_DRAM_GBPS"])
+    return float(_cached(_host_key(cores), lambda: round(measure_dram_gbps(cores), 2),
+                         lambda v: isinstance(v, (int, float)) and v > 0))
+
+
+#: Floats per thread of the fork/join probe: about a microsecond of work, as in the small
+#: kernels of a model (an empty parallel loop under-reports a busy machine's stragglers).
+FORK_JOIN_PROBE_COLS = 4096
+#: The fork/join figure assumed where none is measured (and the most a measurement may
+#: give: a probe run while the machine is busy must not make every later compile of this
+#: machine keep small kernels serial).
+DEFAULT_PARALLEL_US = 10.0
+
+
+def row_add_kernel(rows: int, cols: int, parallel: bool, loops: int = 1):
+    """``loops`` passes of ``B = A + 1`` (each reading the last) on ``rows x cols`` floats,
+    one loop nest each, rows in parallel or not, columns vectorised: the thread-pool probe
+    (here and in ``calibration``)."""
+    import tvm
+    from tvm import s_tir, te
+
+    one = tvm.tirx.const(1, "float32")
+    stages = [te.placeholder((rows, cols), "float32", name="A")]
+
+    def plus_one(prev):
+        return lambda i, j: prev[i, j] + one
+
+    for k in range(loops):
+        stages.append(te.compute((rows, cols), plus_one(stages[-1]), name=f"B{k}"))
+    sch = s_tir.Schedule(te.create_prim_func([stages[0], stages[-1]]))
+    for k in range(loops):
+        outer, inner = sch.get_loops(sch.get_sblock(f"B{k}"))
+        if parallel:
+            sch.parallel(outer)
+        sch.vectorize(inner)
+    return sch.mod["main"].with_attr("global_symbol", "main")
+
+
+def measure_fork_join_us(cores: int, rounds: int = 9) -> list[float]:
+    """``[first, each further]`` microseconds a parallel loop adds to a kernel on ``cores``
+    threads of TVM's pool: a kernel with its rows in parallel against the same one run
+    serially (its share ``serial / cores``), and one of two parallel loops against one.
+    Medians over ``rounds`` rounds of ``time_evaluator`` loops (~0.1 s in all, after a
+    second of compiling)."""
+    import numpy as np
+    import tvm
+
+    from .threads import use_all_cores
+
+    use_all_cores()
+    target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu_name()})
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.zeros((cores, FORK_JOIN_PROBE_COLS), "float32"), dev)
+            for _ in range(2)]
+    timers = {}
+    for name, par, loops in (("serial", False, 1), ("parallel", True, 1), ("x2", True, 2)):
+        kernel = row_add_kernel(cores, FORK_JOIN_PROBE_COLS, par, loops)
+        lib = tvm.compile(tvm.IRModule({"main": kernel}), target).jit()
+        timers[name] = lib.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=2)
+    first, further = [], []
+    for _ in range(rounds):
+        t = {name: timer(*args).mean for name, timer in timers.items()}
+        share = t["serial"] / cores
+        first.append(t["parallel"] - share)
+        further.append(t["x2"] - t["parallel"] - share)
+    return [round(min(max(float(np.median(v)) * 1e6, 0.0), DEFAULT_PARALLEL_US), 2)
+            for v in (first, further)]
+
+
+def host_fork_join_us(cores: int) -> tuple[float, float]:
+    """The host's thread-pool fork/join (``[first, each further]`` loop of a kernel, us),
+    measured once per machine and cached like :func:`host_dram_gbps`;
+    ``FUSION_TVM_PARALLEL_US`` (``first`` or ``first,further``) overrides."""
+    if cores <= 1:
+        return 0.0, 0.0
+    env = os.environ.get("FUSION_TVM_PARALLEL_US")
+    if env:
+        parts = [float(v) for v in env.split(",")]
+        return parts[0], parts[-1]
+    value = _cached(f"{_host_key(cores)}-fork-join-us", lambda: measure_fork_join_us(cores),
+                    lambda v: isinstance(v, list) and len(v) == 2
+                    and all(isinstance(x, (int, float)) and x >= 0 for x in v))
+    return float(value[0]), float(value[1])
 
 
 @register_hardware("host")
 @functools.cache
 def host_cpu() -> HardwareSpec:
     """The machine this process runs on: cores, SIMD width and FMA pipes of its CPU, cache
-    sizes from sysfs, memory size from /proc/meminfo, DRAM bandwidth measured (cached)."""
+    sizes from sysfs, memory size from /proc/meminfo, DRAM bandwidth and the thread pool's
+    fork/join measured (cached)."""
     from tvm.target import Target, codegen
 
     mcpu = host_cpu_name()
@@ -285,6 +382,7 @@ def host_cpu() -> HardwareSpec:
     tgt = Target({"kind": "llvm", "mcpu": mcpu})
     simd = host_simd_bits(int(codegen.llvm_get_vector_width(tgt)) or 128)
     caches = _cache_sizes()
+    fork, fork_next = host_fork_join_us(cores)
     return cpu_spec(
         "host",
         mcpu,
@@ -298,6 +396,8 @@ def host_cpu() -> HardwareSpec:
         fma_lanes=FMA_LANES.get(mcpu),
         dram_bytes=_mem_total() or 64 * GiB,
         fma_pipe_bits=FMA_PIPE_BITS.get(mcpu),
+        parallel_us=fork,
+        parallel_next_us=fork_next,
     )
 
 

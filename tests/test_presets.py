@@ -38,3 +38,38 @@ def test_host_spec_registers_follow_the_width(monkeypatch, fresh_host_spec):
     monkeypatch.setattr(presets, "_cpu_flags", lambda: {"sse2", "avx", "avx2", "fma"})
     spec = presets.get_hardware("host")
     assert spec.simd_width_bits == 256 and spec.num_vector_registers == 16
+
+
+def test_host_fork_join_is_measured_once_and_cached(monkeypatch, tmp_path, fresh_host_spec):
+    """The host spec's thread-pool fork/join is measured on the machine (it was a fixed
+    10 us, 5-8x the 1.2-2.3 us a 2-core Zen 4 measures, so small kernels stayed serial and
+    were priced at twice their time), once: later processes read it from the cache."""
+    monkeypatch.setenv("FUSION_TVM_CACHE", str(tmp_path))
+    monkeypatch.delenv("FUSION_TVM_PARALLEL_US", raising=False)
+    monkeypatch.setenv("FUSION_TVM_DRAM_GBPS", "20")  # not the test's subject
+    calls = []
+    monkeypatch.setattr(presets, "measure_fork_join_us",
+                        lambda cores: calls.append(cores) or [1.5, 1.25])
+    assert presets.host_fork_join_us(2) == (1.5, 1.25)
+    assert presets.host_fork_join_us(2) == (1.5, 1.25)
+    assert calls == [2]
+    assert presets.host_fork_join_us(1) == (0.0, 0.0)  # no pool to fork
+    spec = presets.get_hardware("host")
+    if spec.num_cores > 1:
+        assert spec.parallel_overhead_s == pytest.approx(1.5e-6)
+        assert spec.parallel_region_s == pytest.approx(1.25e-6)
+
+
+def test_host_fork_join_env_override(monkeypatch):
+    monkeypatch.setenv("FUSION_TVM_PARALLEL_US", "3.5")
+    assert presets.host_fork_join_us(4) == (3.5, 3.5)
+    monkeypatch.setenv("FUSION_TVM_PARALLEL_US", "3.5,2")
+    assert presets.host_fork_join_us(4) == (3.5, 2.0)
+
+
+def test_fork_join_probe_measures_this_machine():
+    """The probe itself: two figures, each within [0, DEFAULT_PARALLEL_US] (a busy moment
+    never makes the cached figure worse than the old fixed one)."""
+    first, further = presets.measure_fork_join_us(2, rounds=3)
+    assert 0.0 <= first <= presets.DEFAULT_PARALLEL_US
+    assert 0.0 <= further <= presets.DEFAULT_PARALLEL_US

@@ -503,3 +503,67 @@ def test_attention_scores_reshaped_for_a_mask_are_not_one_attention_group():
     ours = _build(model)
     _assert_same(ours, _build(model, fusion="none"), example_inputs(model, seed=0))
     assert "fallback" not in {g.scheduled_rule for g in ours.plan.groups}
+
+
+def _cross_covariance_qkv():
+    """EdgeNeXt's cross-covariance attention input: one projection to q, k, v, viewed as
+    ``[3, heads, dims, tokens]`` (the tokens last), and q, k normalised over the tokens."""
+    g = GraphBuilder("xca_qkv")
+    x = g.add_input("x", [1, 64, 16])
+    y = g.op("Add", [g.op("MatMul", [x, g.normal((16, 48), 0.2, "w")]),
+                     g.normal((48,), 0.1, "b")])
+    y = g.op("Transpose", [g.op("Reshape", [y, g.ints([1, 64, 3, 4, 4])])], perm=[2, 0, 3, 4, 1])
+    q, k, v = (g.op("Squeeze", [g.op("Slice", [y, g.ints([i]), g.ints([i + 1]), g.ints([0])]),
+                                g.ints([0])]) for i in range(3))
+    for t in (q, k):
+        norm = g.op("Sqrt", [g.op("ReduceSum", [g.op("Mul", [t, t]), g.ints([-1])],
+                                  keepdims=1)])
+        g.add_output(g.op("Div", [t, g.op("Max", [norm, g.const(np.float32(1e-12))])]))
+    g.add_output(v)
+    return g.build()
+
+
+def test_a_norm_across_a_gemms_rows_is_not_its_row_stage():
+    """A sum over the tokens of a projection viewed tokens-last reduces across the GEMM's
+    rows, not along them: no row pass after the GEMM computes it (EdgeNeXt's group of
+    the projection, q, k, v and q's norm fell to a naive kernel, 1.8 ms against 0.07)."""
+    from fusion_tvm.legality import TemplateLimits, check_templates
+
+    model = _cross_covariance_qkv()
+    graph = _graph_of(model)
+    nodes = {graph.nodes[i].func_name: i for i in graph.fusible_nodes}
+    first_sum = min(i for n, i in nodes.items() if n.startswith("sum"))
+    group = frozenset(i for i in graph.fusible_nodes if i <= first_sum)
+    limits = TemplateLimits(row_stage=True, attention=True, staged_chains=True)
+    decision = check_templates(graph, group, limits)
+    assert not decision and "not along the rows of" in decision.reason, decision.reason
+    ours = _build(model)
+    _assert_same(ours, _build(model, fusion="none"), example_inputs(model, seed=0))
+    assert not {g.scheduled_rule for g in ours.plan.groups} & {"fallback"}
+
+
+def _gemm_then(m: int, epilogue: bool):
+    from tvm import te, topi
+
+    a = te.placeholder((m, 16), "float32", name="A")
+    b = te.placeholder((16, 48), "float32", name="B")
+    c = topi.nn.matmul(a, b)
+    out = topi.add(c, 1.0) if epilogue else c
+    return te.create_prim_func([a, b, out])
+
+
+def test_reduction_rule_declines_a_fused_gemm_but_takes_a_gemv():
+    """A GEMM fused with what the matmul rule refused runs untiled, row by row, under
+    the reduction rule: it declines (the catch-all takes it and the phase runner splits
+    the group). A matrix-vector product (a 1 x 1 conv on a 1 x 1 image, one output row)
+    stays its own, as does a GEMM alone."""
+    import tvm
+
+    from fusion_tvm.cost_models import get_hardware
+    from fusion_tvm.targets.llvm_cpu.reduction import Reduction
+
+    hw = get_hardware(HW)
+    target = tvm.target.Target(dict(hw.target))
+    assert Reduction().apply(_gemm_then(64, True), target, hw) is None
+    assert Reduction().apply(_gemm_then(1, True), target, hw) is not None
+    assert Reduction().apply(_gemm_then(64, False), target, hw) is not None

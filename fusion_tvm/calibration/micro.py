@@ -37,6 +37,7 @@ from tvm.script import tirx as T
 
 from ..hardware import HardwareSpec, MemoryLevel
 from ..ops import OpClass
+from ..presets import FORK_JOIN_PROBE_COLS, row_add_kernel
 from ._timing import Runner
 from .kernels import plan_kernels, time_kernel
 
@@ -514,31 +515,8 @@ class CalibrationResult:
         }
 
 
-def _row_add(rows: int, cols: int, parallel: bool, loops: int = 1):
-    """``loops`` passes of ``B = A + 1`` (each reading the last) on ``rows x cols`` floats,
-    one loop nest each, rows in parallel or not, columns vectorised."""
-    from tvm import s_tir, te
-
-    one = tvm.tirx.const(1, "float32")
-    a = te.placeholder((rows, cols), "float32", name="A")
-    def plus_one(prev):
-        return lambda i, j: prev[i, j] + one
-
-    stages = [a]
-    for k in range(loops):
-        stages.append(te.compute((rows, cols), plus_one(stages[-1]), name=f"B{k}"))
-    sch = s_tir.Schedule(te.create_prim_func([a, stages[-1]]))
-    for k in range(loops):
-        outer, inner = sch.get_loops(sch.get_sblock(f"B{k}"))
-        if parallel:
-            sch.parallel(outer)
-        sch.vectorize(inner)
-    return sch.mod["main"].with_attr("global_symbol", "main")
-
-
-#: Floats per thread of the thread-pool probe: about a microsecond of work, as in the small
-#: kernels of a model (an empty parallel loop under-reports a busy machine's stragglers).
-PROBE_COLS = 4096
+#: Floats per thread of the thread-pool probe (see ``presets``).
+PROBE_COLS = FORK_JOIN_PROBE_COLS
 
 
 class ParallelProbe:
@@ -563,8 +541,8 @@ class ParallelProbe:
                      for _ in range(2)]
         kinds = {"serial": (False, 1), "parallel": (True, 1), "parallel_x2": (True, 2)}
         self.modules = {
-            name: runner.build_prim(tvm.IRModule({"main": _row_add(self.cores, PROBE_COLS,
-                                                                   par, loops)}))
+            name: runner.build_prim(tvm.IRModule({"main": row_add_kernel(self.cores, PROBE_COLS,
+                                                                         par, loops)}))
             for name, (par, loops) in kinds.items()}
 
     def round(self) -> None:
