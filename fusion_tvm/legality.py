@@ -336,8 +336,8 @@ def check_templates(
     # rows; only the ops before them run on the output tiles.
     for c in contractions:
         d = _epilogue_maps_onto(graph, group, c, staged if side == "epilogue" else set())
-        if d and side == "epilogue":
-            d = _reduces_along_rows(graph, group, c)
+        if d and side == "epilogue":  # every reduction lies below the one GEMM
+            d = _reduces_along_rows(graph, c, [n for n in nodes if n.is_reduction])
         if not d:
             return d
     for r in (n for n in nodes if n.is_reduction):
@@ -493,19 +493,20 @@ def _static_size(shape) -> int | None:
     return size
 
 
-def _reduces_along_rows(graph: FusionGraph, group: frozenset[int], c) -> FusionDecision:
+def _reduces_along_rows(graph: FusionGraph, c, reductions) -> FusionDecision:
     """The staged row pass after a GEMM reduces along its output rows (a norm over the
     features of each token, or of each head after a split): every reduction's reduced
     extent must divide the GEMM's row length (its last output axis). One that reduces
     across the rows (EdgeNeXt's cross-covariance attention: a projection transposed to
     ``[heads, dims, tokens]``, then a sum of squares over the tokens) has no row pass to
     run in: the group fell to the fallback, 2.3 ms against 0.08 predicted. Extents only
-    (symbolic ones pass): a reshape that swaps two equal extents is not seen."""
+    (symbolic ones pass): a reshape that swaps two equal extents is not seen.
+    ``reductions``: the group's, all below ``c`` (:func:`row_stage`'s epilogue side)."""
     row = _static_size(graph.tensors[c.outputs[0]].shape[-1:])
     if row is None:
         return FusionDecision.allow()
-    for r in (graph.nodes[i] for i in _descendants(graph, c.id, group)):
-        if not r.is_reduction or not r.inputs:
+    for r in reductions:
+        if not r.inputs:
             continue
         data = _static_size(graph.tensors[r.inputs[0]].shape)
         out = _static_size(graph.tensors[r.outputs[0]].shape)

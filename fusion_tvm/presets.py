@@ -129,6 +129,25 @@ def host_num_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: Floats per thread of the fork/join probe: about a microsecond of work, as in the small
+#: kernels of a model (an empty parallel loop under-reports a busy machine's stragglers).
+FORK_JOIN_PROBE_COLS = 4096
+#: The fork/join figure assumed where none is measured (and the most a measurement may
+#: give: a probe run while the machine is busy must not make every later compile of this
+#: machine keep small kernels serial).
+DEFAULT_PARALLEL_US = 10.0
+#: The fork/join probe's kernels: (rows in parallel, loop nests) by name.
+FORK_JOIN_PROBES = {"serial": (False, 1), "parallel": (True, 1), "parallel_x2": (True, 2)}
+
+
+def fork_join_split(times: dict[str, float], cores: int) -> tuple[float, float]:
+    """``(first, each further)`` parallel loop's cost from one round of the probe's
+    times: the parallel kernel beyond its ideal share ``serial / cores``, and a second
+    parallel loop beyond the first."""
+    share = times["serial"] / cores
+    return times["parallel"] - share, times["parallel_x2"] - times["parallel"] - share
+
+
 def cpu_spec(
     name: str,
     mcpu: str,
@@ -140,7 +159,7 @@ def cpu_spec(
     l3: int,
     dram_gbps: float,
     launch_us: float = 1.0,
-    parallel_us: float = 10.0,
+    parallel_us: float | None = None,
     fma_lanes: int | None = None,
     dram_bytes: int = 64 * GiB,
     fma_pipe_bits: int | None = None,
@@ -151,8 +170,9 @@ def cpu_spec(
     ``fma_lanes`` is the fp32 FMA lanes a core issues per cycle (two pipes times their width);
     None assumes two pipes of at most 256 bits, as AVX-512 runs on many cores;
     ``fma_pipe_bits`` the width of one pipe (None: the same assumption, min(SIMD, 256)).
-    ``parallel_us`` is a kernel's first thread-pool fork/join, ``parallel_next_us`` each
-    further one in the same kernel (None: the same).
+    ``parallel_us`` is a kernel's first thread-pool fork/join (None:
+    :data:`DEFAULT_PARALLEL_US`), ``parallel_next_us`` each further one in the same kernel
+    (None: the same).
     """
     lanes = simd_bits // 32
     fma_lanes = fma_lanes or 2 * min(lanes, 8)
@@ -179,7 +199,8 @@ def cpu_spec(
             MemoryLevel("DRAM", dram_bytes, dram_gbps * 1e9, shared=True),
         ),
         launch_overhead_s=launch_us * 1e-6,
-        parallel_overhead_s=parallel_us * 1e-6 if cores > 1 else 0.0,
+        parallel_overhead_s=(parallel_us if parallel_us is not None else DEFAULT_PARALLEL_US)
+        * 1e-6 if cores > 1 else 0.0,
         parallel_region_s=(parallel_next_us * 1e-6 if cores > 1 else 0.0)
         if parallel_next_us is not None else None,
         fma_pipe_bits=fma_pipe_bits or min(simd_bits, 256),
@@ -289,15 +310,6 @@ def host_dram_gbps(cores: int) -> float:
                          lambda v: isinstance(v, (int, float)) and v > 0))
 
 
-#: Floats per thread of the fork/join probe: about a microsecond of work, as in the small
-#: kernels of a model (an empty parallel loop under-reports a busy machine's stragglers).
-FORK_JOIN_PROBE_COLS = 4096
-#: The fork/join figure assumed where none is measured (and the most a measurement may
-#: give: a probe run while the machine is busy must not make every later compile of this
-#: machine keep small kernels serial).
-DEFAULT_PARALLEL_US = 10.0
-
-
 def row_add_kernel(rows: int, cols: int, parallel: bool, loops: int = 1):
     """``loops`` passes of ``B = A + 1`` (each reading the last) on ``rows x cols`` floats,
     one loop nest each, rows in parallel or not, columns vectorised: the thread-pool probe
@@ -339,18 +351,14 @@ def measure_fork_join_us(cores: int, rounds: int = 9) -> list[float]:
     args = [tvm.runtime.tensor(np.zeros((cores, FORK_JOIN_PROBE_COLS), "float32"), dev)
             for _ in range(2)]
     timers = {}
-    for name, par, loops in (("serial", False, 1), ("parallel", True, 1), ("x2", True, 2)):
+    for name, (par, loops) in FORK_JOIN_PROBES.items():
         kernel = row_add_kernel(cores, FORK_JOIN_PROBE_COLS, par, loops)
         lib = tvm.compile(tvm.IRModule({"main": kernel}), target).jit()
         timers[name] = lib.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=2)
-    first, further = [], []
-    for _ in range(rounds):
-        t = {name: timer(*args).mean for name, timer in timers.items()}
-        share = t["serial"] / cores
-        first.append(t["parallel"] - share)
-        further.append(t["x2"] - t["parallel"] - share)
+    splits = [fork_join_split({name: timer(*args).mean for name, timer in timers.items()},
+                              cores) for _ in range(rounds)]
     return [round(min(max(float(np.median(v)) * 1e6, 0.0), DEFAULT_PARALLEL_US), 2)
-            for v in (first, further)]
+            for v in zip(*splits, strict=True)]
 
 
 def host_fork_join_us(cores: int) -> tuple[float, float]:

@@ -37,7 +37,7 @@ from tvm.script import tirx as T
 
 from ..hardware import HardwareSpec, MemoryLevel
 from ..ops import OpClass
-from ..presets import FORK_JOIN_PROBE_COLS, row_add_kernel
+from ..presets import FORK_JOIN_PROBE_COLS, FORK_JOIN_PROBES, fork_join_split, row_add_kernel
 from ._timing import Runner
 from .kernels import plan_kernels, time_kernel
 
@@ -515,14 +515,10 @@ class CalibrationResult:
         }
 
 
-#: Floats per thread of the thread-pool probe (see ``presets``).
-PROBE_COLS = FORK_JOIN_PROBE_COLS
-
-
 class ParallelProbe:
     """Seconds the first parallel loop of a kernel adds, and each further one.
 
-    The same work (``PROBE_COLS`` floats per core) is timed with its rows in parallel and
+    The same work (``FORK_JOIN_PROBE_COLS`` floats per core) is timed with its rows in parallel and
     serially: the parallel kernel's time beyond its ideal share ``serial / cores`` is the
     first fork/join; a kernel of two such loops in a row gives the second (the workers are
     awake by then). Each :meth:`round` times the three kernels once; the figures are the
@@ -537,13 +533,12 @@ class ParallelProbe:
         self.further: list[float] = []
         if self.cores <= 1:
             return
-        self.args = [runner.tensor(np.zeros((self.cores, PROBE_COLS), "float32"))
+        self.args = [runner.tensor(np.zeros((self.cores, FORK_JOIN_PROBE_COLS), "float32"))
                      for _ in range(2)]
-        kinds = {"serial": (False, 1), "parallel": (True, 1), "parallel_x2": (True, 2)}
         self.modules = {
-            name: runner.build_prim(tvm.IRModule({"main": row_add_kernel(self.cores, PROBE_COLS,
-                                                                         par, loops)}))
-            for name, (par, loops) in kinds.items()}
+            name: runner.build_prim(tvm.IRModule(
+                {"main": row_add_kernel(self.cores, FORK_JOIN_PROBE_COLS, par, loops)}))
+            for name, (par, loops) in FORK_JOIN_PROBES.items()}
 
     def round(self) -> None:
         """Time the three probe kernels once more (nothing on one core)."""
@@ -552,9 +547,9 @@ class ParallelProbe:
         t = {name: self.runner.time_prim(m, self.args) for name, m in self.modules.items()}
         for name, v in t.items():
             self.times[name].append(v)
-        share = t["serial"] / self.cores
-        self.first.append(t["parallel"] - share)
-        self.further.append(t["parallel_x2"] - t["parallel"] - share)
+        first, further = fork_join_split(t, self.cores)
+        self.first.append(first)
+        self.further.append(further)
 
     def estimate(self) -> tuple[float, float]:
         """``(first loop, each further loop)`` seconds: medians over the rounds."""

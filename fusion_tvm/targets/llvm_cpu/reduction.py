@@ -16,7 +16,6 @@ import math
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.ir.expr import TensorLoad
 from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...hardware import HardwareSpec
@@ -211,21 +210,16 @@ def _gemm(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     if not is_contraction(sch, block):
         return False
     stmt = sch.get(block)
-    mul = stmt.body.value.b
-    reduce = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-    loads = [e.value if isinstance(e, tirx.Cast) else e for e in (mul.a, mul.b)]
-    if not all(isinstance(e, TensorLoad) for e in loads) \
-            or loads[0].source.same_as(loads[1].source):
+    if not reads_along_reduction(stmt):
         return False
     wide = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar
             and not (isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value == 1)}
-    used = [set().union(*(set(tirx.analysis.undefined_vars(i)) for i in e.indices))
-            for e in loads]
-    # Along the reduction, and each with output axes of its own: rows of A times columns
-    # of B. A matrix-vector product (a 1 x 1 conv on a 1 x 1 image) is one row per
-    # output, which the row loop runs well.
-    return all(u & reduce for u in used) and all((u - o) & wide for u, o in
-                                                 ((used[0], used[1]), (used[1], used[0])))
+    used = [{v for rng in r.region for v in tirx.analysis.undefined_vars(rng.min)}
+            for r in stmt.reads]
+    # Each operand with output axes of its own: rows of A times columns of B. A
+    # matrix-vector product (a 1 x 1 conv on a 1 x 1 image) is one row per output, which
+    # the row loop runs well.
+    return all((u - o) & wide for u, o in ((used[0], used[1]), (used[1], used[0])))
 
 
 class Reduction(ScheduleRule):
