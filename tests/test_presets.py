@@ -67,6 +67,29 @@ def test_host_fork_join_env_override(monkeypatch):
     assert presets.host_fork_join_us(4) == (3.5, 2.0)
 
 
+def test_host_fork_join_remeasures_a_clamped_figure(monkeypatch, tmp_path):
+    """A probe that hits the clamp (another runtime's threads still spinning, a burst of
+    load) is measured again after a pause and each figure's least is cached, so one busy
+    moment does not keep this machine's small kernels serial in every later compile."""
+    monkeypatch.setenv("FUSION_TVM_CACHE", str(tmp_path))
+    monkeypatch.delenv("FUSION_TVM_PARALLEL_US", raising=False)
+    rounds = iter([[10.0, 3.0], [10.0, 1.0], [1.75, 2.0], [9.0, 9.0]])
+    monkeypatch.setattr(presets, "measure_fork_join_us", lambda cores: next(rounds))
+    assert presets.host_fork_join_us(2) == (1.75, 1.0)
+    assert presets.host_fork_join_us(2) == (1.75, 1.0)  # cached: the fourth never runs
+
+
+@pytest.mark.parametrize("name, value", [("FUSION_TVM_PARALLEL_US", "fast"),
+                                         ("FUSION_TVM_PARALLEL_US", "-1"),
+                                         ("FUSION_TVM_DRAM_GBPS", "0"),
+                                         ("FUSION_TVM_DRAM_GBPS", "nan")])
+def test_host_env_overrides_refuse_non_numbers(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    call = presets.host_fork_join_us if "PARALLEL" in name else presets.host_dram_gbps
+    with pytest.raises(presets.InvalidHardwareSpecError, match=f"{name}='{value}'"):
+        call(2)
+
+
 def test_fork_join_probe_measures_this_machine():
     """The probe itself: two figures, each within [0, DEFAULT_PARALLEL_US] (a busy moment
     never makes the cached figure worse than the old fixed one)."""
