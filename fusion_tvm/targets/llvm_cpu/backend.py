@@ -20,6 +20,7 @@ from .flash_attention import FlashAttention
 from .kernel_model import conv_kernel, group_parallel_regions
 from .layout import ConvertToNCHWc
 from .matmul import Matmul
+from .pad_channels import PadChannels
 from .pad_conv_channels import PadConvChannels
 from .pad_conv_width import PadConvWidth
 from .pointwise_conv import PointwiseConvAsMatmul
@@ -55,7 +56,9 @@ class LLVMCPUBackend(Backend):
 
     def layout_passes(self, hw: HardwareSpec | None = None) -> list:
         """The NCHWc conversion, blocked to the SIMD width of ``hw`` (fp32 lanes), after
-        dense convs' output channels are padded to it (:mod:`.pad_conv_channels`); then the
+        channel counts no 8-lane block divides are padded through chains of convs
+        (:mod:`.pad_channels`) and dense convs' output channels to the width
+        (:mod:`.pad_conv_channels`); then the
         pointwise convs left in NCHW as matmuls (:mod:`.pointwise_conv`) and the other NCHW
         convs with narrow rows on padded rows (:mod:`.pad_conv_width`)."""
         if hw is None:
@@ -64,7 +67,7 @@ class LLVMCPUBackend(Backend):
         nchw = [PointwiseConvAsMatmul(width), PadConvWidth(width)]
         if self.layout != "nchwc":
             return nchw
-        return [PadConvChannels(width),
+        return [PadChannels(width), PadConvChannels(width),
                 ConvertToNCHWc(width, full_rate_lanes=hw.full_rate_lanes_fp32), *nchw]
 
     @property

@@ -512,8 +512,9 @@ class _BlockedRewriter(relax.PyExprMutator):
         """A dense conv ConvertLayout left in NCHW because the network's block ``b`` does
         not divide its channels, lowered to the blocked kernel all the same.
 
-        Input: its blocked twin when it has one; else, with fewer channels than ``b`` (an
-        RGB stem) and a blocked output, one block of all ``cin`` channels (the NCHW kernel
+        Input: its blocked twin when it has one; else, with fewer channels than ``b`` and a
+        blocked output, or fewer than the narrowest block (an RGB stem, whatever its
+        output block), one block of all ``cin`` channels (the NCHW kernel
         vectorises output columns, which a strided stem turns into gathers: ResNet's 7x7/2
         stem ran at 14 GFLOP/s); else the largest power of two from ``MIN_MIXED_BLOCK`` to
         ``b`` dividing ``cin`` (MobileNetV2's 24-channel stage under b = 16). Output: blocked
@@ -526,7 +527,7 @@ class _BlockedRewriter(relax.PyExprMutator):
         if twin is not None and cin % self.b == 0:
             data, bi = twin, self.b
         else:
-            bi = cin if cin < self.b and cout % self.b == 0 \
+            bi = cin if cin < self.b and (cout % self.b == 0 or cin < narrowest) \
                 else channel_block(cin, self.b, narrowest)
             if bi is None:
                 return None
