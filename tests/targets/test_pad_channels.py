@@ -109,18 +109,46 @@ def test_padded_counts():
     assert padded_count(58, 4) is None  # no 8-lane vectors to fill
 
 
-def test_dynamic_and_grouped_convs_are_left_alone():
+def _dynamic_chain():
+    """Two 1x1 convs on 58 channels with a ReLU between them, batch and image symbolic."""
     bb = relax.BlockBuilder()
-    n = tvm.tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType((n, 58, 8, 8), "float32"))
-    z = relax.Var("z", relax.TensorType((1, 58, 8, 8), "float32"))
-    w = relax.Var("w", relax.TensorType((58, 58, 1, 1), "float32"))
-    g = relax.Var("g", relax.TensorType((58, 29, 3, 3), "float32"))
-    with bb.function("main", [x, z, w, g]):
+    n, h = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("h", "int64")
+    x = relax.Var("x", relax.TensorType((n, 58, h, 8), "float32"))
+    rng = np.random.default_rng(0)
+    w1, w2 = (relax.const(rng.standard_normal((58, 58, 1, 1)).astype("float32") / 8)
+              for _ in range(2))
+    with bb.function("main", [x]):
         with bb.dataflow():
-            a = bb.emit(relax.op.nn.conv2d(x, w))  # symbolic batch
-            b = bb.emit(relax.op.nn.conv2d(z, g, padding=1, groups=2))  # grouped
-            out = bb.emit_output(relax.Tuple([a, b]))
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w1)))
+            out = bb.emit_output(relax.op.nn.conv2d(y, w2))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_symbolic_batch_and_image_are_padded_and_match_the_nchw_build():
+    import fusion_tvm
+    from fusion_tvm.targets.llvm_cpu.backend import LLVMCPUBackend
+
+    mod = _dynamic_chain()
+    padded = PadChannels(16)(mod)
+    assert sorted(int(c.ty.shape.values[1]) for c in _ops(padded, "relax.nn.conv2d")) \
+        == [64, 64]
+    assert len(_ops(padded, "relax.strided_slice")) == 1  # the output only
+    blocked = fusion_tvm.compile(mod, hw=HW)
+    native = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="native"), hw=HW)
+    assert rule_counts(blocked)["conv2d"] == 0, rule_counts(blocked)
+    for shape in ((1, 58, 5, 8), (3, 58, 7, 8)):
+        x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+        np.testing.assert_allclose(blocked.run(x), native.run(x), rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_convs_are_left_alone():
+    bb = relax.BlockBuilder()
+    z = relax.Var("z", relax.TensorType((1, 58, 8, 8), "float32"))
+    g = relax.Var("g", relax.TensorType((58, 29, 3, 3), "float32"))
+    with bb.function("main", [z, g]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(z, g, padding=1, groups=2))
         bb.emit_func_output(out)
     mod = bb.get()
     assert PadChannels(16)(mod).same_as(mod)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
-from ...relax_rewrite import conv2d_like, static_conv_geometry, static_shape
+from ...relax_rewrite import conv2d_like, is_nchw_conv, static_shape
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
@@ -53,6 +54,15 @@ def padded_count(channels: int, lanes: int) -> int | None:
         return None
     padded = -(-channels // MIN_BLOCK) * MIN_BLOCK
     return padded if padded <= MAX_GROWTH * channels else None
+
+
+def _same_dims(a: list | None, b: list) -> bool:
+    """Whether two shapes are the same, symbolic dims included."""
+    return a is not None and len(a) == len(b) and all(
+        x == y if isinstance(x, int) and isinstance(y, int)
+        else not isinstance(x, int) and not isinstance(y, int)
+        and tvm_ffi.structural_equal(x, y)
+        for x, y in zip(a, b, strict=True))
 
 
 def _is_tensor_constant(x: relax.Expr) -> bool:
@@ -109,12 +119,15 @@ class _Widen(relax.PyExprMutator):
         return new
 
     def _conv(self, call: relax.Call) -> relax.Expr | None:
-        geo = static_conv_geometry(call)
-        if geo is None:
+        if not is_nchw_conv(call):
             return None
+        x, w, y = (static_shape(e) for e in (call.args[0], call.args[1], call))
+        if any(s is None or len(s) != 4 for s in (x, w, y)) or not all(
+                isinstance(d, int) for d in (x[1], y[1], *w)):
+            return None  # batch and image may be symbolic, channels and weights not
         groups = int(call.attrs.groups)
-        cin, cout = geo.x[1], geo.y[1]
-        depthwise = groups == cin == cout and geo.w[1] == 1
+        cin, cout = x[1], y[1]
+        depthwise = groups == cin == cout and w[1] == 1
         if groups != 1 and not depthwise:
             return None
         source = self._wide(call.args[0])
@@ -145,14 +158,14 @@ class _Widen(relax.PyExprMutator):
         wides = [self._wide(a) for a in call.args]
         first = next((w for w in wides if w is not None), None)
         out = static_shape(call)
-        if first is None or out is None or len(out) != 4 or out[1] != first[1]:
+        if first is None or out is None or len(out) != 4 or not _same_dims([out[1]], [first[1]]):
             return None
         _, channels, padded = first
         args = []
         for arg, wide in zip(call.args, wides, strict=True):
             if wide is not None:
-                if wide[1:] != (channels, padded) \
-                        or static_shape(wide[0]) != [out[0], padded, *out[2:]]:
+                if wide[1:] != (channels, padded) or not _same_dims(
+                        static_shape(wide[0]), [out[0], padded, *out[2:]]):
                     return None
                 args.append(wide[0])
                 continue
@@ -172,7 +185,8 @@ class _Widen(relax.PyExprMutator):
         if shape is None or len(shape) > 4:
             return None
         aligned = [1] * (4 - len(shape)) + list(shape)
-        if aligned[0] != 1 or aligned[1] not in (1, channels) or aligned[2:] != [1, 1]:
+        if not all(isinstance(d, int) for d in aligned) or aligned[0] != 1 \
+                or aligned[1] not in (1, channels) or aligned[2:] != [1, 1]:
             return None
         if aligned[1] == 1:
             return arg
