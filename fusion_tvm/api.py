@@ -21,7 +21,7 @@ from tvm import relax
 
 from .errors import InputMismatchError, UserInputError
 from .frontend import LoadedModel, load_model, load_torch
-from .frontend.index_checks import gather_index_ranges
+from .frontend.index_checks import IndexRange, gather_index_ranges
 from .frontend.loaded import bind_params
 from .graph import default_dims, is_kernel_call
 from .hardware import HardwareSpec
@@ -376,7 +376,10 @@ class CompiledModel:
                 "outputs": [t.name for t in self.outputs],
                 "output_specs": [t.to_json() for t in self.outputs],
                 "kernels_built": self.num_kernels,
-                "target_kind": _target_kind(self.target)}
+                "target_kind": _target_kind(self.target),
+                # load() restores the lookup checks: without them an out-of-range index
+                # reads outside the table (a crash)
+                "index_ranges": [r.to_json() for r in self.index_ranges]}
         if self.plan is not None:
             data = {**self.plan.to_json(), **data}
         return data
@@ -450,6 +453,7 @@ def load(path: str | os.PathLike, device=None) -> CompiledModel:
         inputs = [TensorSpec.from_json(d) for d in meta["inputs"]]
         outputs = [TensorSpec.from_json(d)
                    for d in meta.get("output_specs") or meta.get("outputs", [])]
+        index_ranges = [IndexRange.from_json(d) for d in meta.get("index_ranges", [])]
     except (ValueError, KeyError, TypeError) as err:
         raise UserInputError(f"'{meta_path}' is not a plan JSON written by export(): "
                              f"{err}") from None
@@ -470,6 +474,7 @@ def load(path: str | os.PathLike, device=None) -> CompiledModel:
                           float(meta.get("compile_time_s", 0.0)))
     model.num_kernels = int(meta.get("kernels_built", meta.get("num_kernels", 0)))
     model._outputs = tuple(outputs)
+    model.index_ranges = index_ranges
     model.plan_json = meta
     return model
 

@@ -418,3 +418,18 @@ def test_in_range_and_negative_indices_match_onnxruntime(embedding):
     np.testing.assert_allclose(cm.run({"ids": ids})[0], sess.run(None, {"ids": ids})[0],
                                rtol=1e-6)
     assert [(r.name, r.size, r.allow_negative) for r in cm.index_ranges] == [("ids", 10, True)]
+
+
+def test_loaded_library_keeps_the_index_checks(embedding, tmp_path):
+    """An exported library read back with ``fusion_tvm.load`` range-checks its lookups
+    too (the checks travel in the plan JSON; a loaded model ran an id of 10**9 into a
+    segfault)."""
+    _, cm = embedding
+    path = cm.export(tmp_path / "embedding.so")
+    loaded = fusion_tvm.load(path)
+    assert [(r.name, r.size, r.allow_negative) for r in loaded.index_ranges] \
+        == [("ids", 10, True)]
+    with pytest.raises(InputMismatchError, match=r"'ids' has value 1000000000 at index"):
+        loaded.run({"ids": np.array([[1, 10**9]], dtype="int64")})
+    ids = np.array([[0, 9, -1]], dtype="int64")
+    np.testing.assert_array_equal(loaded.run({"ids": ids})[0], cm.run({"ids": ids})[0])

@@ -31,6 +31,13 @@ class IndexRange:
     size: int
     allow_negative: bool  # wrapped by the importer: [-size, size) is valid
 
+    def to_json(self) -> dict:
+        return {"name": self.name, "size": self.size, "allow_negative": self.allow_negative}
+
+    @staticmethod
+    def from_json(data: dict) -> IndexRange:
+        return IndexRange(str(data["name"]), int(data["size"]), bool(data["allow_negative"]))
+
     def check(self, values: np.ndarray) -> str | None:
         """A message naming the first out-of-range value, or None."""
         if values.size == 0 or values.dtype.kind not in "iu":
