@@ -441,10 +441,12 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
     row = {"model": label, "reference": ref_name, "runs_per_sample": inner,
            "coverage": coverage,
            "contenders": {n: asdict(r) for n, r in results.items()}}
-    try:
-        row["kernels"] = stock_kernel_counts(model)
+    try:  # stock TVM's import, for reference: its own op set, BatchNorm not folded
+        row["kernels"] = {f"stock_{k}": v for k, v in stock_kernel_counts(model).items()}
     except Exception as e:
         row["kernels"] = {"error": short(e)}
+    if plan is not None:  # one definition everywhere: kernels the built module launches
+        row["kernels"]["unfused"] = plan.unfused_kernels
     if "fuseops" in results and results["fuseops"].kernels is not None:
         row["kernels"]["fuseops"] = results["fuseops"].kernels
     if "ours" in results and results["ours"].kernels is not None:

@@ -228,7 +228,8 @@ class CompiledModel:
         ins = ", ".join(map(str, self.inputs))
         outs = ", ".join(map(str, self.outputs))
         target = _target_kind(self.target)
-        return (f"<CompiledModel ({ins}) -> ({outs}); {self.num_kernels} kernels, "
+        kernels = f"{self.num_kernels} kernel{'s' if self.num_kernels != 1 else ''}"
+        return (f"<CompiledModel ({ins}) -> ({outs}); {kernels}, "
                 f"target {target}, hw {getattr(self.hw, 'name', self.hw)}>")
 
     @property
@@ -569,8 +570,8 @@ def compile(  # noqa: A001 - the natural name, as in onnxruntime / torch
         loaded = load_model(model, shape_dict=shape_dict)
     if shape_hints:
         check_names(shape_hints, set(default_dims(loaded.mod)))
-        for value in shape_hints.values():
-            sample_values(value)
+        for name, value in shape_hints.items():
+            sample_values(value, name)
     if verify is not None and fusion_mode(fusion) is not FusionMode.COST:
         raise UserInputError(f"verify={verify!r} settles the cost model's decisions: it needs "
                              f"fusion='cost', not {fusion!r}")

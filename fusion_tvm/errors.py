@@ -41,6 +41,10 @@ class InvalidTargetError(UserInputError):
     fusion_tvm backend."""
 
 
+class UnknownTargetError(UnknownNameError, InvalidTargetError):
+    """A target name no backend is registered for (both an unknown name and a bad target)."""
+
+
 class InputMismatchError(UserInputError):
     """Run-time inputs do not match the model (count, name, shape or dtype)."""
 

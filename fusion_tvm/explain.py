@@ -133,7 +133,7 @@ def unknown_name_message(plan: FusionPlan, name: str) -> str:
     rows = f"; kernels: {some([f'#{k} {g.name}' for k, g in enumerate(plan.groups)])}"
     kinds = [f"ONNX nodes: {some(onnx)}"] if onnx else []
     kinds += [f"Relax bindings: {some(relax_names)}", f"PrimFuncs: {some(funcs)}"]
-    return (f"no op named '{name}' in the plan; {hint}Name an op by its "
+    return (f"no op named '{name}' in the plan; {hint}name an op by its "
             f"{'ONNX node, ' if onnx else ''}Relax binding or PrimFunc name, or a kernel "
             f"by its row in the plan table (#0), its name there or its fused PrimFunc. "
             f"{'; '.join(kinds)}{rows}")

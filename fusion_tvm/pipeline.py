@@ -245,7 +245,13 @@ def _backend_of(target: tvm.target.Target, hw) -> tuple[str, str | HardwareSpec 
     kind = target.kind.name
     if kind in ("llvm", "c"):
         if hw is None and "mcpu" in target.attrs:
-            hw = _cpu_preset(str(target.attrs["mcpu"]))
+            mcpu = str(target.attrs["mcpu"])
+            hw = _cpu_preset(mcpu)
+            if hw is None:
+                warnings.warn(
+                    f"fusion_tvm: no hardware preset for mcpu '{mcpu}': code is built for it "
+                    f"but priced with this host's spec (pass hw= a preset or a HardwareSpec "
+                    f"of that CPU)", stacklevel=3)
         return "llvm", hw
     if kind != "cuda":
         raise InvalidTargetError(

@@ -48,11 +48,13 @@ def _check_values(where: str, vals: list[int]) -> list[int]:
     return vals
 
 
-def sample_values(hint: Hint) -> list[int]:
-    """The points at which a hint is evaluated: both ends and the geometric middle."""
+def sample_values(hint: Hint, name: str | None = None) -> list[int]:
+    """The points at which a hint is evaluated: both ends and the geometric middle
+    (``name``: the dim's, for the error message)."""
+    what = f"for dim '{name}' " if name else ""
     if isinstance(hint, bool) or isinstance(hint, (str, bytes)) or hint is None:
-        raise UserInputError(f"bad shape hint value {hint!r}: expected an integer, a (lo, hi) "
-                             "range or a list of integers")
+        raise UserInputError(f"bad shape hint value {hint!r} {what}: expected an integer, a "
+                             "(lo, hi) range or a list of integers".replace(" :", ":"))
     if isinstance(hint, int):
         return [_check_values(str(hint), [hint])[0]]
     try:
@@ -62,8 +64,8 @@ def sample_values(hint: Hint) -> list[int]:
             return sorted({lo, mid, hi})
         return sorted(set(_check_values(f"{hint}", [_integer(v) for v in hint])))
     except (TypeError, ValueError) as err:
-        raise UserInputError(f"bad shape hint value {hint!r}: expected an integer, a (lo, hi) "
-                             "range or a list of integers") from err
+        raise UserInputError(f"bad shape hint value {hint!r} {what}: expected an integer, a "
+                             "(lo, hi) range or a list of integers".replace(" :", ":")) from err
 
 
 def _integer(v) -> int:
@@ -82,7 +84,7 @@ def representative(hint: Hint) -> int:
 def sample_points(hints: Mapping[str, Hint], limit: int = 9) -> list[dict[str, int]]:
     """Cartesian product of every hint's samples (at most ``limit`` points, evenly kept)."""
     names = sorted(hints)
-    grids = [sample_values(hints[n]) for n in names]
+    grids = [sample_values(hints[n], n) for n in names]
     points = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grids)]
     if len(points) > limit:
         step = (len(points) - 1) / (limit - 1)

@@ -33,7 +33,8 @@ def test_signature_and_repr(mlp):
     assert cm.outputs == (fusion_tvm.TensorSpec("probs", ("N", 10), "float32"),)
     text = repr(cm)
     assert "input: float32[N, 64]" in text and "probs: float32[N, 10]" in text
-    assert f"{cm.num_kernels} kernels" in text and "llvm" in text
+    noun = "kernel" if cm.num_kernels == 1 else "kernels"
+    assert f"{cm.num_kernels} {noun}," in text and "llvm" in text
 
 
 def test_run_takes_a_dict_a_list_keywords_or_one_array(mlp):
@@ -59,8 +60,17 @@ def test_run_errors_name_the_real_rank_and_the_mixup(mlp):
 @pytest.mark.parametrize("hint", ["big", ["a"], (1, "x"), 2.5, None])
 def test_bad_shape_hint_values_are_our_error(mlp, hint):
     path, _ = mlp
-    with pytest.raises(UserInputError, match="bad shape hint value"):
+    with pytest.raises(UserInputError, match="bad shape hint value .* for dim 'N': expected"):
         fusion_tvm.compile(path, shape_hints={"N": hint})
+
+
+def test_cli_style_target_string_points_to_the_dict_form(mlp):
+    from fusion_tvm.errors import InvalidTargetError
+
+    path, cm = mlp
+    with pytest.raises(InvalidTargetError, match=r'JSON target dict, e.g. \{"kind": "llvm"'):
+        fusion_tvm.compile(path, target="llvm -mcpu=znver4")
+    assert " 1 kernels" not in repr(cm)  # "1 kernel" / "2 kernels"
 
 
 def test_export_then_load_runs_the_same(mlp, tmp_path):
@@ -138,3 +148,10 @@ def test_one_kernel_count_plan_and_build_agree(mlp):
     assert cm.plan.fuseops_kernels == fuseops.num_kernels
     assert cm.plan.unfused_kernels == unfused.num_kernels
     assert cm.num_kernels < fuseops.num_kernels < unfused.num_kernels
+
+
+def test_cpu_without_a_preset_is_built_for_it_and_says_how_it_is_priced(mlp):
+    path, _ = mlp
+    with pytest.warns(UserWarning, match="no hardware preset for mcpu 'skylake-avx512'"):
+        cm = fusion_tvm.compile(path, target={"kind": "llvm", "mcpu": "skylake-avx512"})
+    assert str(cm.target.attrs["mcpu"]) == "skylake-avx512"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import tvm
 
-from ..errors import UnknownNameError
+from ..errors import UnknownTargetError
 from ..kernel_model import KernelModel
 
 if TYPE_CHECKING:
@@ -142,7 +142,12 @@ def get_backend(name: str | Backend) -> Backend:
     key = {"cpu": "llvm", "c": "hls", "fpga": "hls", "gpu": "cuda"}.get(name, name)
     if key not in _BACKENDS:
         known = ", ".join(sorted(_BACKENDS))
-        raise UnknownNameError(f"unknown target '{name}'; known targets: {known}")
+        hint = ""
+        if isinstance(name, str) and " -" in name:  # a CLI-style string, refused by TVM 0.27
+            kind = name.split()[0]
+            hint = (f" (options go in a JSON target dict, e.g. {{\"kind\": \"{kind}\", "
+                    f"\"mcpu\": \"znver4\"}}, or a tvm.target.Target of one)")
+        raise UnknownTargetError(f"unknown target '{name}'; known targets: {known}{hint}")
     return _BACKENDS[key]()
 
 
