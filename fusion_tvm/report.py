@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .explain import Explanation, explain
-from .plan import BlockPlan, FusionPlan, is_kernel
+from .plan import BlockPlan, FusionPlan, is_kernel, short_names
 from .profile import ModelProfile
 
 # ------------------------------------------------------------------------------- op labels
@@ -122,6 +122,8 @@ class Boundary:
     reason: str
     separate_s: float | None = None
     merged_s: float | None = None
+    producer_onnx: tuple[str, ...] = ()  # ONNX node(s) the producer op computes
+    consumer_onnx: tuple[str, ...] = ()
 
 
 def kernel_groups(plan: FusionPlan) -> list[tuple[int, frozenset[int]]]:
@@ -175,13 +177,16 @@ def boundaries(plan: FusionPlan) -> list[Boundary]:
             for h, (n, s) in sorted(pairs.items(), key=lambda kv: kv[1]):
                 exp = explain(view, labels[(bi, n)], labels[(bi, s)])
                 out.append(Boundary(k, labels[(bi, n)], labels[(bi, s)], index.get((bi, h)),
-                                    exp.reason, exp.separate_s, exp.merged_s))
+                                    exp.reason, exp.separate_s, exp.merged_s,
+                                    tuple(graph.nodes[n].origins),
+                                    tuple(graph.nodes[s].origins)))
             escaping = [n for n in sorted(g) for t in graph.nodes[n].outputs
                         if graph.tensors[t].escapes]
             if escaping and not pairs:
                 out.append(Boundary(k, labels[(bi, escaping[-1])], "", None,
                                     "its result leaves the dataflow block (a model output or "
-                                    "a value used after the block)"))
+                                    "a value used after the block)",
+                                    producer_onnx=tuple(graph.nodes[escaping[-1]].origins)))
     return out
 
 
@@ -222,6 +227,11 @@ def render_text(plan: FusionPlan, max_boundaries: int = 200) -> str:
     for b in bounds[:max_boundaries]:
         to = f"#{b.consumer_group}" if b.consumer_group is not None else "-"
         pair = f"{b.producer} -> {b.consumer}" if b.consumer else b.producer
+        if b.producer_onnx or b.consumer_onnx:
+            names = " -> ".join(short_names(list(x)) or "-" for x in
+                                ((b.producer_onnx, b.consumer_onnx) if b.consumer
+                                 else (b.producer_onnx,)))
+            pair += f" (ONNX {names})"
         lines.append(f"  #{b.group:<3} -> {to:<4} {pair}: {b.reason}")
     if len(bounds) > max_boundaries:
         lines.append(f"  ... {len(bounds) - max_boundaries} more")

@@ -118,6 +118,18 @@ def test_table_and_html_show_the_onnx_nodes(plan):
     assert any(o["func"] == "to_nchwc" and o["onnx"] == [] for o in ops)
 
 
+def test_why_lines_name_the_onnx_nodes_of_each_boundary(plan):
+    from fusion_tvm.report import boundaries, render_text
+
+    bounds = boundaries(plan)
+    assert bounds and all(set(b.producer_onnx) <= set(NODES) for b in bounds)
+    named = [b for b in bounds if b.producer_onnx]
+    assert named
+    text = render_text(plan)
+    b = named[0]
+    assert f"{b.producer} -> {b.consumer} (ONNX {' '.join(b.producer_onnx)}" in text
+
+
 def test_explain_takes_onnx_names_like_relax_names(plan):
     relu = next(n for b in plan.blocks for n in b.graph.nodes if n.origins == ("stem_relu",))
     fc = next(n for b in plan.blocks for n in b.graph.nodes if n.origins == ("head_fc",))
