@@ -442,7 +442,11 @@ def bench_model(label: str, model, feeds, contenders, ctx: Context, args) -> dic
            "coverage": coverage,
            "contenders": {n: asdict(r) for n, r in results.items()}}
     try:  # stock TVM's import, for reference: its own op set, BatchNorm not folded
-        row["kernels"] = {f"stock_{k}": v for k, v in stock_kernel_counts(model).items()}
+        from fusion_tvm.api import tvm_noise_filtered
+
+        with tvm_noise_filtered():  # TOPI's "Fast mode segfaults" note per gather otherwise
+            counts = stock_kernel_counts(model)
+        row["kernels"] = {f"stock_{k}": v for k, v in counts.items()}
     except Exception as e:
         row["kernels"] = {"error": short(e)}
     if plan is not None:  # one definition everywhere: kernels the built module launches

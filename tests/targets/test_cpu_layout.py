@@ -261,6 +261,27 @@ def test_rgb_stem_with_a_narrower_output_block_runs_blocked():
     assert "(1, 1, 32, 32, 3)" in text  # its input: one block of the 3 channels
 
 
+def test_transposed_conv_keeps_the_rest_of_the_network_blocked():
+    """A ConvTranspose (YOLOv8-seg's mask head upsampling) between blocked convs stays NCHW
+    with layout transforms around it; left to TVM's layout inference it made ConvertLayout
+    fail and the whole network fall back to NCHW (YOLOv8n-seg 1.43x slower)."""
+    pytest.importorskip("onnxruntime")
+    from benchmarks import zoo
+    from benchmarks.zoo.builder import GraphBuilder
+
+    g = GraphBuilder("upsample_head")
+    x = g.silu(g.conv(g.add_input("x", [1, 16, 12, 12]), 16, 32, 3, bias=True))
+    w = g.normal((32, 32, 2, 2), 0.1, "up.weight")
+    up = g.op("ConvTranspose", [x, w, g.normal((32,), 0.01, "up.bias")], kernel_shape=[2, 2],
+              strides=[2, 2], pads=[0, 0, 0, 0])
+    g.add_output(g.silu(g.conv(up, 32, 32, 3, bias=True)))
+    model = g.build()
+    compiled = assert_matches_onnxruntime(model, zoo.example_inputs(model, seed=0),
+                                          hw="epyc-znver4-2c")
+    rules = rule_counts(compiled)
+    assert rules["conv2d_nchwc"] == 2 and rules["fallback"] == 0, rules
+
+
 def test_depthwise_reads_its_padding_inline(builds):
     """The blocked depthwise conv has no padded copy of its input: one root loop nest for
     the conv and its epilogue, the zero border read by guarded loads (equality with the

@@ -665,7 +665,11 @@ class ConvertToNCHWc:
         block = choose_block(mod, self.lanes, self.full_rate_lanes)
         if block is None:
             return mod
-        layouts = {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
+        # A transposed conv stays NCHW (transforms around it): left to layout inference,
+        # an NCHW[b]c input made ConvertLayout fail ("Layouts must have the same size") and
+        # the whole network (YOLOv8-seg's mask head) fall back to NCHW.
+        layouts = {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"],
+                   "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
         # Folded first: ConvertLayout (TVM 0.27) segfaults on ResNet's unfolded BN
         # arithmetic (constant vectors with scalar operands); folded, weights are constants.
         original = mod
