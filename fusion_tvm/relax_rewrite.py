@@ -50,13 +50,19 @@ def rewrite_calls(mod: tvm.IRModule, op_name: str, rewrite: Rewrite,
     """``mod`` with every call of ``op_name`` that ``rewrite`` replaces replaced; ``mod``
     itself when it replaces none. ``canonicalize``: fold the alias bindings left behind."""
     rewriter = _CallRewriter(mod, tvm.ir.Op.get(op_name), rewrite)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    out = visit_functions(rewriter, mod)
     if not rewriter.count:
         return mod
-    out = rewriter.builder_.get()
     return relax.transform.CanonicalizeBindings()(out) if canonicalize else out
+
+
+def visit_functions(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every Relax function replaced by ``mutator``'s visit of it (the
+    module of the mutator's builder)."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
 
 
 def is_nchw_conv(call: relax.Call) -> bool:

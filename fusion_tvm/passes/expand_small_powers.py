@@ -20,6 +20,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..relax_rewrite import visit_functions
+
 _POWER = tvm.ir.Op.get("relax.power")
 
 #: Exponents rewritten into products (by construction ``pow`` of these is exact or
@@ -80,7 +82,4 @@ class ExpandSmallPowers:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite all Relax functions of ``mod``."""
         rewriter = _PowerRewriter(mod)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return visit_functions(rewriter, mod)

@@ -19,8 +19,10 @@ from __future__ import annotations
 import functools
 
 import tvm
-from tvm import relax, te, topi
+from tvm import te, topi
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
+
+from ..relax_rewrite import visit_functions
 
 
 def fast_sigmoid(x: te.Tensor) -> te.Tensor:
@@ -77,7 +79,4 @@ class FastMath:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         """Return ``mod`` with the fast versions in every Relax function."""
         mutator = _FastMathMutator(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
+        return visit_functions(mutator, mod)

@@ -18,6 +18,7 @@ from tvm import relax, s_tir, tirx
 
 from ..attrs import CONSTANT_PARAMS_ATTR, PREPACK_ATTR
 from ..errors import InternalError
+from ..relax_rewrite import visit_functions
 from ..tir_analysis import root_statements
 
 
@@ -182,7 +183,4 @@ class PrepackWeights:
         for gv, (_stages, kernel) in splits.items():
             new_gv = swapper.builder_.add_func(kernel, gv.name_hint)
             swapper.replace[gv.name_hint] = (new_gv, replace[gv.name_hint])
-        for gv, func in list(base.functions_items()):
-            if isinstance(func, relax.Function):
-                swapper.builder_.update_func(gv, swapper.visit_expr(func))
-        return swapper.builder_.get()
+        return visit_functions(swapper, base)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
+from ..relax_rewrite import visit_functions
+
 _SPLIT = tvm.ir.Op.get("relax.split")
 
 
@@ -57,7 +59,4 @@ class SplitToSlices:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Rewrite all Relax functions of ``mod``."""
         rewriter = _SplitRewriter(mod)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return visit_functions(rewriter, mod)

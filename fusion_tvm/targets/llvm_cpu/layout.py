@@ -30,7 +30,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, te, tirx, topi
 
-from ...relax_rewrite import static_shape
+from ...relax_rewrite import static_shape, visit_functions
 from .efficiency import NCHW_PENALTY
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
@@ -674,24 +674,17 @@ class ConvertToNCHWc:
         # arithmetic (constant vectors with scalar operands); folded, weights are constants.
         original = mod
         mod = relax.transform.FoldConstant()(mod)
-        mod = _run(_RaiseScalarOps(mod), mod)
+        mod = visit_functions(_RaiseScalarOps(mod), mod)
         try:
             mod = relax.transform.ConvertLayout(layouts)(mod)
         except Exception:  # noqa: BLE001 - TVM's layout inference refuses some graphs
             # (e.g. an N-ary Max feeding a grouped conv: "Invalid SLayout ... ABCDE", fuzz
             # seed 1): the blocked layout is an optimisation, so the model stays in NCHW.
             return original
-        mod = _run(_BlockedRewriter(mod, block), mod)
+        mod = visit_functions(_BlockedRewriter(mod, block), mod)
         # ConvertLayout transforms a tensor once per consumer (a residual input twice)
         mod = relax.transform.EliminateCommonSubexpr()(mod)
         # block(unblock(x)) rewritten to x leaves ``y = x`` bindings: aliases the fusion
         # graph cannot see through (an SE scale stayed apart from the conv reading it)
         mod = relax.transform.CanonicalizeBindings()(mod)
         return relax.transform.DeadCodeElimination()(mod)
-
-
-def _run(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return mutator.builder_.get()

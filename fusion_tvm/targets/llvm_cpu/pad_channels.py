@@ -25,7 +25,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ...relax_rewrite import conv2d_like, is_nchw_conv, static_shape
+from ...relax_rewrite import conv2d_like, is_nchw_conv, static_shape, visit_functions
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
@@ -212,10 +212,7 @@ class PadChannels:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         """Pad every qualifying chain of every Relax function."""
         widen = _Widen(mod, self.lanes)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                widen.builder_.update_func(gv, widen.visit_expr(func))
+        out = visit_functions(widen, mod)
         if not widen.count:
             return mod
-        out = widen.builder_.get()
         return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
