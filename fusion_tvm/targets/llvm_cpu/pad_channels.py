@@ -4,7 +4,7 @@ ShuffleNetV2 runs on 58 / 116 channels, GhostNet on 12, 36, 60, 92: no block of 
 lanes divides them, so their convs stay in NCHW (58 channels at 28x28: 52 GFLOP/s) or in
 4-lane blocks (116 channels: 93 GFLOP/s on two 16-lane cores, against ~190 in blocks of 16).
 As oneDNN and onnxruntime's NCHWc kernels do, the tensors between convs are computed with
-their channels padded to a multiple of the SIMD width instead:
+their channels padded to a multiple of ``MIN_BLOCK`` (8) instead (:func:`padded_count`):
 
 - a dense or depthwise conv takes a padded input (zeros where it has to be padded here) and
   writes a padded output: its weights get zero filters and zero input channels;
@@ -197,13 +197,14 @@ class _Widen(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="PadChannels")
 class PadChannels:
     """Compute convs on channel counts no ``MIN_BLOCK``-lane block divides with their
-    channels padded to a multiple of ``lanes``, and the per-channel elementwise ops between
-    them on the padded tensors (see the module's docstring).
+    channels padded to a multiple of ``MIN_BLOCK``, and the per-channel elementwise ops
+    between them on the padded tensors (see the module's docstring).
 
     Parameters
     ----------
     lanes : int
-        SIMD lanes for the element type (16 for fp32 on AVX-512).
+        SIMD lanes for the element type (16 for fp32 on AVX-512); below ``MIN_BLOCK``
+        nothing is padded.
     """
 
     def __init__(self, lanes: int):
