@@ -7,6 +7,7 @@ other presets are frozen datasheet figures used by tests and cross-compilation.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -309,8 +310,8 @@ def _env_floats(name: str, positive: bool = False) -> list[float]:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         values = []
-    if not values or any(not v >= 0 or (positive and v == 0) or v == float("inf")
-                         for v in values):
+    if not values or not all(math.isfinite(v) and (v > 0 if positive else v >= 0)
+                             for v in values):
         kind = "positive" if positive else "non-negative"
         raise InvalidHardwareSpecError(
             f"environment variable {name}={text!r}: expected {kind} numbers separated by commas")

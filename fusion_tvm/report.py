@@ -228,10 +228,8 @@ def render_text(plan: FusionPlan, max_boundaries: int = 200) -> str:
         to = f"#{b.consumer_group}" if b.consumer_group is not None else "-"
         pair = f"{b.producer} -> {b.consumer}" if b.consumer else b.producer
         if b.producer_onnx or b.consumer_onnx:
-            names = " -> ".join(short_names(list(x)) or "-" for x in
-                                ((b.producer_onnx, b.consumer_onnx) if b.consumer
-                                 else (b.producer_onnx,)))
-            pair += f" (ONNX {names})"
+            sides = [b.producer_onnx, b.consumer_onnx] if b.consumer else [b.producer_onnx]
+            pair += f" (ONNX {' -> '.join(short_names(list(x)) or '-' for x in sides)})"
         lines.append(f"  #{b.group:<3} -> {to:<4} {pair}: {b.reason}")
     if len(bounds) > max_boundaries:
         lines.append(f"  ... {len(bounds) - max_boundaries} more")

@@ -51,10 +51,11 @@ def _check_values(where: str, vals: list[int]) -> list[int]:
 def sample_values(hint: Hint, name: str | None = None) -> list[int]:
     """The points at which a hint is evaluated: both ends and the geometric middle
     (``name``: the dim's, for the error message)."""
-    what = f"for dim '{name}' " if name else ""
+    bad = UserInputError(f"bad shape hint value {hint!r}"
+                         + (f" for dim '{name}'" if name else "")
+                         + ": expected an integer, a (lo, hi) range or a list of integers")
     if isinstance(hint, bool) or isinstance(hint, (str, bytes)) or hint is None:
-        raise UserInputError(f"bad shape hint value {hint!r} {what}: expected an integer, a "
-                             "(lo, hi) range or a list of integers".replace(" :", ":"))
+        raise bad
     if isinstance(hint, int):
         return [_check_values(str(hint), [hint])[0]]
     try:
@@ -64,8 +65,7 @@ def sample_values(hint: Hint, name: str | None = None) -> list[int]:
             return sorted({lo, mid, hi})
         return sorted(set(_check_values(f"{hint}", [_integer(v) for v in hint])))
     except (TypeError, ValueError) as err:
-        raise UserInputError(f"bad shape hint value {hint!r} {what}: expected an integer, a "
-                             "(lo, hi) range or a list of integers".replace(" :", ":")) from err
+        raise bad from err
 
 
 def _integer(v) -> int:

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
 
 from ...relax_rewrite import conv2d_like, is_nchw_conv, static_shape, visit_functions
+from ...tir_expr import equal
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
-_STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 #: Elementwise ops that keep padded channels finite (zeros in, finite out); ``divide``,
 #: ``exp`` and ``sqrt`` are left out (a zero operand would make inf / nan there, and a dense
 #: conv's zero weight times inf is nan).
@@ -56,23 +55,18 @@ def padded_count(channels: int, lanes: int) -> int | None:
     return padded if padded <= MAX_GROWTH * channels else None
 
 
-def _same_dims(a: list | None, b: list) -> bool:
-    """Whether two shapes are the same, symbolic dims included."""
-    return a is not None and len(a) == len(b) and all(
-        x == y if isinstance(x, int) and isinstance(y, int)
-        else not isinstance(x, int) and not isinstance(y, int)
-        and tvm_ffi.structural_equal(x, y)
-        for x, y in zip(a, b, strict=True))
-
-
-def _is_tensor_constant(x: relax.Expr) -> bool:
-    return isinstance(x, tvm.ir.GenericConst)
+def _padded_like(wide: relax.Expr, call: relax.Call) -> bool:
+    """Whether ``wide`` has ``call``'s output shape but for the channel axis (symbolic
+    dims compared as expressions)."""
+    a, b = wide.ty.shape.values, call.ty.shape.values
+    return len(a) == len(b) and all(
+        equal(x, y) for i, (x, y) in enumerate(zip(a, b, strict=True)) if i != 1)
 
 
 def _pad_axis(x: relax.Expr, rank: int, axis: int, extra: int) -> relax.Expr:
     """``x`` with ``extra`` zeros after its ``axis``; a constant padded here (weights stay
     constants for the layout pass to pack)."""
-    if _is_tensor_constant(x):
+    if isinstance(x, tvm.ir.GenericConst):
         width = [(0, 0)] * rank
         width[axis] = (0, extra)
         return relax.const(np.pad(x.value.numpy(), width))
@@ -149,7 +143,7 @@ class _Widen(relax.PyExprMutator):
             w = _pad_axis(w, 4, 0, pout - cout)
         if not depthwise and pin > cin:
             w = _pad_axis(w, 4, 1, pin - cin)
-        if w is not call.args[1] and not _is_tensor_constant(w):
+        if w is not call.args[1] and not isinstance(w, tvm.ir.GenericConst):
             w = self.builder_.emit(w)
         y = self.builder_.emit(conv2d_like(call, x, w, groups=pout if depthwise else 1))
         return self._narrow(y, cout, pout) if pout > cout else y
@@ -158,14 +152,14 @@ class _Widen(relax.PyExprMutator):
         wides = [self._wide(a) for a in call.args]
         first = next((w for w in wides if w is not None), None)
         out = static_shape(call)
-        if first is None or out is None or len(out) != 4 or not _same_dims([out[1]], [first[1]]):
+        if first is None or out is None or len(out) != 4 \
+                or not isinstance(out[1], int) or out[1] != first[1]:
             return None
         _, channels, padded = first
         args = []
         for arg, wide in zip(call.args, wides, strict=True):
             if wide is not None:
-                if wide[1:] != (channels, padded) or not _same_dims(
-                        static_shape(wide[0]), [out[0], padded, *out[2:]]):
+                if wide[1:] != (channels, padded) or not _padded_like(wide[0], call):
                     return None
                 args.append(wide[0])
                 continue
