@@ -263,3 +263,24 @@ def test_a_polynomial_read_many_times_is_not_copied_by_an_inline(body, blocks):
     inputs = [rand(64, 64)]
     for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def split_attention_pool(bb, x, a):  # ResNeSt: radix-weighted sum, then a 3 x 3 / 2 avg pool
+    s = bb.emit_te(topi.sum, bb.emit_te(topi.multiply, x, a), axis=[1])
+    return bb.emit_te(topi.nn.pool2d, s, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1], "avg",
+                      count_include_pad=True)
+
+
+def test_pooled_chain_of_another_shape_runs_its_channels_in_parallel():
+    """The chain shares only the batch with its pool's rows (the sum's radix axis sits
+    before the channels): it is computed per channel of the pool, in parallel, not as one
+    serial pass (ResNeSt-14d's three such kernels ran 2.5x slower than split)."""
+    params = [var("x", (1, 2, 64, 28, 28)), var("a", (1, 2, 64, 1, 1))]
+    inputs = [rand(1, 2, 64, 28, 28), rand(1, 2, 64, 1, 1)]
+    mod = fused(params, split_attention_pool)
+    scheduled = ApplyTargetSchedule("llvm", HW)(mod)
+    assert rules_of(scheduled) == {"group": "reduction"}
+    outer = _loops(scheduled["group"].body)[0]
+    assert outer.kind == tirx.ForKind.PARALLEL and outer.extent.value == 64
+    for got, want in zip(run_all(scheduled, inputs), run_all(mod, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

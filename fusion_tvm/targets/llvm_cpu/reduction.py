@@ -36,7 +36,7 @@ from ._util import (
     static_flops,
     vector_friendly,
 )
-from .parallel import reduction_pays, row_kernel_pays
+from .parallel import parallel_pays, reduction_pays, row_kernel_pays
 from .row_schedule import (
     rfactor_rows,
     row_local,
@@ -254,7 +254,79 @@ class Reduction(ScheduleRule):
             return None  # a GEMM with a row chain: row by row it would re-read B per row
         flops = static_flops(func)  # all the kernel's arithmetic (a softmax's exp too)
         work = None if flops is None else max(1.0, sum(flops.values()))
+        if _rows_too_few(sch, blocks, hw, work):
+            anchored = _schedule_anchored(func, hw, work)
+            if anchored is not None:
+                return anchored
         return sch if schedule_row_chain(sch, blocks, hw, work) else None
+
+
+def _rows_too_few(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSpec,
+                  work: float | None) -> bool:
+    """Whether the rows the chain shares are too few for the thread pool while its work
+    would pay for it: a pooled chain of another shape than its producers (ResNeSt's
+    split-attention sum feeding a 3 x 3 / 2 average pool) shares only the batch."""
+    rows = shared_rows(sch, blocks)
+    extents = [static_extent(sch, lp) for lp in sch.get_loops(blocks[-1])[:rows]]
+    if None in extents or work is None:
+        return False
+    return (not parallel_pays(hw, None, math.prod(extents))
+            and row_kernel_pays(hw, work, 8.0 * work, None))
+
+
+#: Most a block may be recomputed under the anchored row loop (iterations over its domain).
+MAX_RECOMPUTE = 1.05
+
+
+def _schedule_anchored(func: tirx.PrimFunc, hw: HardwareSpec,
+                       work: float | None) -> s_tir.Schedule | None:
+    """The chain computed per iteration of its last block's leading spatial loops.
+
+    Each earlier block is ``compute_at`` the fused outer loops of the last block (the
+    fewest that give every thread a few chunks, the innermost kept for the vector), TVM
+    deriving the region each iteration needs: the channels of a pool whose producers index
+    them at another position. Declined (None) when a block would be recomputed (a window
+    over the fused axes) or the group publishes more than the last block.
+    """
+    sch = s_tir.Schedule(func)
+    blocks = inline_spatial(sch)
+    anchor = blocks[-1]
+    outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
+    if len(outputs) != 1 or not sch.get(outputs[0]).same_as(sch.get(anchor)):
+        return None
+    kinds = iter_kinds(sch, anchor)
+    loops = sch.get_loops(anchor)[:len(kinds) - len(kinds.lstrip("S"))]
+    extents = [static_extent(sch, lp) for lp in loops]
+    prefix = next((k for k in range(1, len(loops))  # the innermost loop stays: the vector
+                   if None not in extents[:k] and parallel_pays(hw, None, math.prod(extents[:k]))),
+                  None)
+    domains = [math.prod(_static_extent(iv) or 0 for iv in sch.get(b).iter_vars)
+               for b in blocks]
+    if prefix is None or 0 in domains:
+        return None
+    row = sch.fuse(*loops[:prefix]) if prefix > 1 else loops[0]
+    chunks = math.prod(extents[:prefix])
+    try:
+        for block in reversed(blocks[:-1]):
+            sch.compute_at(block, row, preserve_unit_loops=True)
+    except ScheduleError:
+        return None
+    for block, domain in zip(blocks, domains, strict=True):
+        inner = [static_extent(sch, lp) or 0 for lp in sch.get_loops(block)[1:]]
+        if chunks * math.prod(inner) > MAX_RECOMPUTE * domain or 0 in inner:
+            return None
+    if row_kernel_pays(hw, work, 8.0 * (work or 0.0), chunks):
+        sch.parallel(row)
+    width = lanes(hw, dtype_bits(sch, anchor))
+    for block in blocks:
+        if is_spatial(sch, block):
+            vectorize_innermost(sch, block, width, 1)
+    return sch
+
+
+def _static_extent(iv: tirx.IterVar) -> int | None:
+    """The static extent of a block iterator, None when symbolic."""
+    return int(iv.dom.extent.value) if isinstance(iv.dom.extent, tirx.IntImm) else None
 
 
 def _partial_width(sch: s_tir.Schedule, block: SBlockRV, width: int) -> int | None:
