@@ -181,6 +181,30 @@ def test_conv_rows_parallel_only_when_they_pay(channels, size, kernel, pad, para
                                   (channels, channels, kernel, kernel)])
 
 
+def _pointwise_on_a_pixel(c_in: int, c_out: int):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c_in, 1, 1), "float32"))
+    w = relax.Var("w", relax.TensorType((c_out, c_in, 1, 1), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_conv_on_one_pixel_parallel_for_its_weight_stream():
+    """A 2048 -> 512 conv on a 1 x 1 image (a pooled ASPP branch) is 2 MFLOP, too little
+    arithmetic for the fork/join, but streams 4 MB of filters: its output channels run in
+    parallel, as a GEMV's panels do, and the kernel model counts the same loop."""
+    mod = _pointwise_on_a_pixel(2048, 512)
+    scheduled, func = _scheduled(mod, "conv2d")
+    assert _parallel_fors(func)
+    _check_equal(mod, scheduled, [(1, 2048, 1, 1), (512, 2048, 1, 1)])
+    cm = fusion_tvm.compile(mod, target="llvm", hw=HW)
+    (k,) = [k for k in plan_kernels(cm) if k.rule.startswith("conv2d")]
+    assert parallel_loops(k.func) == int(k.detail["parallel_regions"]) >= 1
+
+
 def _root_block_stmts(func: tirx.PrimFunc) -> list:
     sch = s_tir.Schedule(func)
     return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]

@@ -120,6 +120,12 @@ def nest_flops(sch: s_tir.Schedule, loops) -> float | None:
     return None if None in extents else 2.0 * math.prod(extents)
 
 
+def buffer_nbytes(buf: tirx.Buffer) -> int | None:
+    """Bytes of a buffer of static shape, None when symbolic."""
+    dims = [int(d.value) if isinstance(d, tirx.IntImm) else None for d in buf.shape]
+    return None if None in dims else math.prod(dims) * max(8, int(buf.dtype.bits)) // 8
+
+
 def static_flops(func: tirx.PrimFunc) -> dict | None:
     """FLOPs by op class of all of ``func``'s blocks (a softmax's polynomial exp included),
     or None when an extent is symbolic."""

@@ -23,6 +23,7 @@ from ...attrs import PREPACK_ATTR
 from ...hardware import HardwareSpec
 from ..base import ScheduleRule
 from ._util import (
+    buffer_nbytes,
     constant_param,
     epilogue_at,
     inline_spatial,
@@ -152,7 +153,8 @@ class Conv2d(ScheduleRule):
         reds = [loop_of[v] for v in reduce_vars]
         sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, fi, xd, xv)
         outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
-        if conv_parallel_pays(hw, flops, static_extent(sch, outer)):
+        if conv_parallel_pays(hw, flops, static_extent(sch, outer),
+                              buffer_nbytes(stmt.reads[weight].source) or 0.0):
             sch.parallel(outer)
         acc = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)
@@ -229,7 +231,7 @@ def _schedule_channel_vector(sch, main, loop_of, out_vars, reduce_vars, weight, 
     reds = [loop_of[v] for v in reduce_vars]
     sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, xi, fv_o, fv)
     outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
-    if conv_parallel_pays(hw, flops, static_extent(sch, outer)):
+    if conv_parallel_pays(hw, flops, static_extent(sch, outer), buffer_nbytes(source) or 0.0):
         sch.parallel(outer)
     acc = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)

@@ -27,6 +27,7 @@ from ...tir_analysis import count_ops
 from ...tir_expr import substitute
 from ..base import ScheduleRule
 from ._util import (
+    buffer_nbytes,
     epilogue_at,
     inline_spatial,
     is_spatial,
@@ -288,7 +289,9 @@ class Conv2dNCHWc(ScheduleRule):
         reds = [loop_of[v] for v in reduce_vars]
         sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, fi, xi, loop_of[lane_var])
         outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
-        if conv_parallel_pays(hw, flops, static_extent(sch, outer)):
+        weights = [r.source for r in stmt.reads if not r.source.same_as(m.data.source)]
+        if conv_parallel_pays(hw, flops, static_extent(sch, outer),
+                              buffer_nbytes(weights[0]) or 0.0):
             sch.parallel(outer)
         acc = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)

@@ -219,7 +219,8 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
         reduce = kh * kw * (1 if depthwise else int(weight[1]) * int(weight[4]))
         tiles = derive_blocked_tiles(hw, 32, block, blocks, width, depthwise,
                                      reduce * block * 4)
-        rows_parallel = conv_parallel_pays(hw, flops, n * (blocks // tiles.fo) * rows)
+        rows_parallel = conv_parallel_pays(hw, flops, n * (blocks // tiles.fo) * rows,
+                                           graph.nbytes(conv.inputs[1]))
     elif len(out) == 4 and len(data) == 4 and len(weight) == 4:  # NCHW
         n, channels, rows, width = (int(d) for d in out)
         kh, kw = int(weight[2]), int(weight[3])
@@ -236,7 +237,8 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
             fr = ctiles.fr if ctiles is not None else 1
             if not graph.tensors[conv.inputs[1]].is_constant:  # else packed at compile time
                 count += repack_pays(hw, math.prod(weight), -(-channels // fr))
-        rows_parallel = conv_parallel_pays(hw, flops * scale, n * -(-channels // fr) * rows)
+        rows_parallel = conv_parallel_pays(hw, flops * scale, n * -(-channels // fr) * rows,
+                                           graph.nbytes(conv.inputs[1]))
     else:
         return None
     count += rows_parallel

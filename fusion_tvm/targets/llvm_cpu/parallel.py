@@ -120,11 +120,19 @@ def gemv_pays(hw: HardwareSpec, flops: float | None, weight_bytes: float | None,
     return parallel_pays(hw, work, tasks)
 
 
-def conv_parallel_pays(hw: HardwareSpec, flops: float | None, tasks: int | None) -> bool:
+def conv_parallel_pays(hw: HardwareSpec, flops: float | None, tasks: int | None,
+                       weight_bytes: float = 0.0) -> bool:
     """Whether the output rows of a convolution (``flops`` in all, ``tasks`` iterations of
-    the fused batch x channel-tile x row loop) run in parallel. A conv with a 1 x 1 or 2 x 2
-    output has too few tasks, a small depthwise layer too little work, for the fork/join."""
-    return _contraction_pays(hw, OpClass.CONV, "conv2d", flops, tasks)
+    the fused batch x channel-tile x row loop, ``weight_bytes`` of filters streamed) run in
+    parallel. A conv with a 1 x 1 or 2 x 2 output has too few tasks, a small depthwise
+    layer too little work, for the fork/join. The work is the weight stream where that is
+    longer than the arithmetic: a 960 -> 256 conv on a 1 x 1 image (DeepLabV3's pooled ASPP
+    branch: 1 MB of filters for 0.5 MFLOP) is a GEMV, as :func:`gemv_pays` prices it."""
+    if flops is None:
+        return parallel_pays(hw, None, tasks)
+    shape = "small" if flops < (1 << 21) else "large"
+    work = serial_seconds(hw, {OpClass.CONV: flops}, weight_bytes, "conv2d", shape)
+    return parallel_pays(hw, work, tasks)
 
 
 def repack_pays(hw: HardwareSpec, weights: float | None, chunks: int | None) -> bool:
