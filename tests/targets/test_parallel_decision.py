@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, s_tir, tirx
+from tvm import relax, s_tir, te, tirx
 
 import fusion_tvm
 from fusion_tvm.calibration.kernels import plan_kernels
@@ -203,6 +203,49 @@ def test_conv_on_one_pixel_parallel_for_its_weight_stream():
     cm = fusion_tvm.compile(mod, target="llvm", hw=HW)
     (k,) = [k for k in plan_kernels(cm) if k.rule.startswith("conv2d")]
     assert parallel_loops(k.func) == int(k.detail["parallel_regions"]) >= 1
+
+
+def _one_module(shape, body) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _from_blocked(bb, x):  # NCHW16c -> NCHW, as ConvertToNCHWc's to_nchw
+    return bb.emit_te(lambda t: te.compute(
+        (1, 64, 56, 56), lambda n, c, h, w: t[n, c // 16, h, w, c % 16], name="to_nchw"), x)
+
+
+def test_layout_change_to_nchw_reads_tiles_of_channel_lanes():
+    """NCHW16c -> NCHW: the 16 channel lanes of a pixel are one 64-byte line; read back a
+    row at a time, every line was touched 16 times from L2 (144 us for 64 x 56 x 56). The
+    channel lane loop (16) sits just outside the output's vector, so a tile of lines is used
+    whole from L1; the tiles run in parallel."""
+    mod = _one_module((1, 4, 56, 56, 16), _from_blocked)
+    scheduled, func = _scheduled(mod, "elementwise")
+    sch = s_tir.Schedule(func)
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    loops = [sch.get(lp) for lp in sch.get_loops(block)]
+    assert [lp.kind for lp in loops[-2:]] == [tirx.ForKind.SERIAL, tirx.ForKind.VECTORIZED]
+    assert int(loops[-2].extent) == 16 and loops[0].kind == tirx.ForKind.PARALLEL
+    _check_equal(mod, scheduled, [(1, 4, 56, 56, 16)])
+
+
+def test_one_long_row_runs_its_vectors_in_parallel():
+    """A (1, 1, 200704) output is one row: its vectors are the parallel chunks (the rows
+    alone were one chunk, so the whole pass ran on one core), and the model counts it."""
+    mod = _one_module((1, 1, 200704), lambda bb, x: relax.op.nn.relu(x))
+    scheduled, func = _scheduled(mod, "elementwise")
+    (par,) = _parallel_fors(func)
+    assert int(par.extent) == 200704 // 16 or int(par.extent) == 200704 // 8
+    _check_equal(mod, scheduled, [(1, 1, 200704)])
+    cm = fusion_tvm.compile(mod, target="llvm", hw=HW)
+    (k,) = plan_kernels(cm)
+    assert parallel_loops(k.func) == int(k.detail["parallel_regions"]) == 1
 
 
 def _root_block_stmts(func: tirx.PrimFunc) -> list:

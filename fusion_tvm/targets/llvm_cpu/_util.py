@@ -14,7 +14,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
 from ...attrs import CONSTANT_PARAMS_ATTR
 from ...hardware import HardwareSpec
 from ...tir_analysis import analyze_primfunc
-from .parallel import elementwise_seconds, parallel_pays
+from .parallel import elementwise_seconds, parallel_pays, spatial_chunks
 
 
 def lanes(hw: HardwareSpec, dtype_bits: int) -> int:
@@ -358,16 +358,17 @@ def parallel_vectorize(
     extents = [static_extent(sch, lp) for lp in loops]
     inner, extent = loops[-1], extents[-1]
     outer_loops = loops[:-1]
-    vec = None
+    vec, width = None, max_lanes
     if extent is None or extent > max_lanes:
         width = pick_vector_width(extent, max_lanes)
         width = width if width >= 4 else max_lanes
         outer, vec = sch.split(inner, [None, width])
-        if not outer_loops:
-            outer_loops = [outer]
+        if not outer_loops or (None not in extents and spatial_chunks(hw, extents, width)
+                               > math.prod(extents[:-1])):
+            outer_loops = [*outer_loops, outer]  # the row's vectors join the parallel loop
     elif extent >= 4:
         vec = inner
-    if parallel and outer_loops and _spatial_pays(sch, block, hw, extents):
+    if parallel and outer_loops and _spatial_pays(sch, block, hw, extents, width):
         par = sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0]
         with contextlib.suppress(ScheduleError):
             sch.parallel(par)
@@ -376,8 +377,70 @@ def parallel_vectorize(
             sch.vectorize(vec)
 
 
+def _transposed_axis(read, inner, extents: dict) -> tuple | None:
+    """``(v, tile)`` when ``read`` is a transposed read of a spatial block whose innermost
+    iterator is ``inner``: ``inner`` indexes one of its outer axes (the vector strides
+    through it) while its innermost, contiguous axis is indexed by another iterator ``v``
+    alone (a transpose: tiles of ``lanes`` x ``lanes``) or by ``v % b`` (a channel block
+    of ``NCHW[b]c`` read back to ``NCHW``: tiles of ``b``)."""
+    if len(read.region) < 2:
+        return None
+    last = read.region[-1].min
+    if any(x.same_as(inner) for x in tirx.analysis.undefined_vars(last)):
+        return None
+    if not any(any(x.same_as(inner) for x in tirx.analysis.undefined_vars(r.min))
+               for r in read.region[:-1]):
+        return None
+    if isinstance(last, tirx.FloorMod) and isinstance(last.b, tirx.IntImm):
+        var, tile = last.a, int(last.b.value)
+    else:
+        var, tile = last, None
+    if not isinstance(var, tirx.Var) or var not in extents:
+        return None
+    return var, tile
+
+
+def tile_transpose(sch: s_tir.Schedule, block: SBlockRV, hw: HardwareSpec) -> bool:
+    """Schedule a spatial block that reads an input transposed as tiles; False (nothing
+    changed) when it does not.
+
+    The vector runs along the output's innermost axis, a stride through the transposed
+    input: row after row the same input lines are re-read from L2 (an ``NCHW16c -> NCHW``
+    conversion of 64 x 56 x 56 touched every 64-byte line 16 times, 144 us). The axis that
+    indexes the input's contiguous run is split into tiles and moved inside the output's
+    vectors, so a tile of input lines is used whole while it sits in L1.
+    """
+    loop_of = loop_map(sch, block)
+    if loop_of is None:
+        return False
+    stmt = sch.get(block)
+    iters = [iv.var for iv in stmt.iter_vars]
+    ext = {v: static_extent(sch, loop_of[v]) for v in iters}
+    if len(iters) < 2 or None in ext.values():
+        return False
+    inner = iters[-1]
+    width = pick_vector_width(ext[inner], lanes(hw, dtype_bits(sch, block)))
+    found = [t for t in (_transposed_axis(r, inner, ext) for r in stmt.reads) if t is not None]
+    if width < 4 or len(found) != 1 or not vector_friendly(sch, block):
+        return False
+    var, tile = found[0]
+    tile = tile or width
+    if var.same_as(inner) or ext[var] % tile or ext[var] <= tile:
+        return False
+    extents = [ext[v] for v in iters]
+    v_out, v_in = sch.split(loop_of[var], [None, tile])
+    w_out, w_vec = sch.split(loop_of[inner], [None, width])
+    outer = [v_out if v.same_as(var) else loop_of[v] for v in iters[:-1]] + [w_out]
+    sch.reorder(*outer, v_in, w_vec)
+    if _spatial_pays(sch, block, hw, extents, width):
+        sch.parallel(sch.fuse(*outer))
+    sch.vectorize(w_vec)
+    return True
+
+
 def _spatial_pays(
-    sch: s_tir.Schedule, block: SBlockRV, hw: HardwareSpec, extents: list[int | None]
+    sch: s_tir.Schedule, block: SBlockRV, hw: HardwareSpec, extents: list[int | None],
+    width: int,
 ) -> bool:
     """Whether the outer loops of the spatial nest ``block`` (loop ``extents``) run in
     parallel: its serial time (elements, bytes moved, transcendental calls) against the
@@ -393,8 +456,7 @@ def _spatial_pays(
         size = elements if None in shape else min(math.prod(shape), elements)
         moved += size * buf.dtype.bits / 8
     calls = count_calls(stmt.body, EXPENSIVE_INTRINSICS)
-    lanes_ = lanes(hw, dtype_bits(sch, block))
-    chunks = math.prod(extents[:-1]) if len(extents) > 1 else -(-extents[-1] // lanes_)
+    chunks = spatial_chunks(hw, extents, width)
     work = elementwise_seconds(hw, elements, moved / max(1, elements), calls)
     return parallel_pays(hw, work, chunks)
 

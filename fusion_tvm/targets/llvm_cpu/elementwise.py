@@ -7,7 +7,13 @@ from tvm import s_tir, tirx
 
 from ...hardware import HardwareSpec
 from ..base import ScheduleRule
-from ._util import inline_spatial, is_spatial, parallel_vectorize, root_blocks
+from ._util import (
+    inline_spatial,
+    is_spatial,
+    parallel_vectorize,
+    root_blocks,
+    tile_transpose,
+)
 
 
 class Elementwise(ScheduleRule):
@@ -29,5 +35,6 @@ class Elementwise(ScheduleRule):
         if any(sch.get_child_blocks(b) for b in blocks):  # nested blocks: not a plain nest
             return None
         for block in inline_spatial(sch):
-            parallel_vectorize(sch, block, hw)
+            if not tile_transpose(sch, block, hw):
+                parallel_vectorize(sch, block, hw)
         return sch

@@ -22,6 +22,7 @@ from ...hardware import HardwareSpec
 from ...legality import attention_chain, reachable, row_stage
 from ...ops import OpClass, PatternKind
 from ...tir_analysis import evaluate, shape_elems
+from ._util import pick_vector_width
 from .attention import ROW_TILE
 from .conv2d import derive_channel_tiles, derive_tiles
 from .conv2d_nchwc import (
@@ -44,6 +45,7 @@ from .parallel import (
     repack_pays,
     row_kernel_pays,
     serial_seconds,
+    spatial_chunks,
 )
 from .reduction import MAX_WINDOW
 from .row_staging import row_staging_pays
@@ -436,8 +438,9 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
             size = math.prod(_dims(graph, i)) if graph.tensors[i].shape else 1.0
             moved += graph.nbytes(i) * min(1.0, e / max(size, 1.0))
         work = elementwise_seconds(hw, e, moved / max(e, 1.0), calls)
-        shape = _dims(graph, t)
+        shape = [int(d) for d in _dims(graph, t)] or [1]
         lanes = max(1, hw.simd_width_bits // 32)
-        chunks = e / shape[-1] if len(shape) > 1 else math.ceil(e / lanes)
-        count += parallel_pays(hw, work, int(chunks))
+        width = pick_vector_width(shape[-1], lanes) if shape[-1] > lanes else lanes
+        chunks = spatial_chunks(hw, shape, width if width >= 4 else lanes)  # as the rule
+        count += parallel_pays(hw, work, chunks)
     return int(count)

@@ -12,6 +12,7 @@ fusion graph, so the model charges exactly the fork/joins the rules emit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from ...hardware import HardwareSpec
@@ -81,6 +82,20 @@ def parallel_pays(hw: HardwareSpec, work_s: float | None, chunks: int | None = N
     if work_s is None:
         return True
     return work_s > PARALLEL_WORK_FACTOR * hw.parallel_overhead_s
+
+
+def spatial_chunks(hw: HardwareSpec, extents: list[int], width: int) -> int:
+    """Iterations of the parallel loop of a spatial nest with loop ``extents`` whose
+    innermost loop runs in ``width``-lane vectors: the loops outside the innermost, joined
+    by its whole vectors when those rows are too few for every thread's chunks (a
+    ``(1, 1, 200704)`` reshape is one row of 12544 vectors, not one chunk)."""
+    vectors = -(-int(extents[-1]) // max(1, width)) if extents else 1
+    if len(extents) < 2:
+        return vectors
+    rows = int(math.prod(extents[:-1]))
+    if rows < MIN_CHUNKS_PER_THREAD * hw.num_cores and extents[-1] > width:
+        return rows * vectors
+    return rows
 
 
 def _contraction_pays(hw: HardwareSpec, cls: OpClass, rule: str, flops: float | None,
