@@ -686,3 +686,37 @@ def test_channel_vector_conv_weights_are_packed_at_compile_time():
                    for b in _blocks(convs[0].body))
     v = RNG.standard_normal((1, 24, 1, 1)).astype("float32")
     np.testing.assert_allclose(_run(native, v), _run(ref, v), rtol=1e-5, atol=1e-5)
+
+
+def _group_norm_one_group(channels: int):
+    """conv -> GroupNorm(1, C) as timm exports it (Reshape to [1, 1, -1],
+    InstanceNormalization, Reshape back, per-channel Mul / Add) -> GELU-free 1x1 conv."""
+    from benchmarks.zoo.builder import GraphBuilder
+
+    g = GraphBuilder("group_norm_1")
+    y = g.conv(g.add_input("x", [1, 16, 14, 14]), 16, channels, 3, bias=True)
+    flat = g.op("Reshape", [y, g.ints([1, 1, -1])])
+    normed = g.op("InstanceNormalization", [flat, g.normal((1,), 0.1, "in.scale"),
+                                            g.normal((1,), 0.1, "in.bias")], epsilon=1e-5)
+    back = g.op("Reshape", [normed, g.ints([1, channels, 14, 14])])
+    affine = g.op("Add", [g.op("Mul", [back, g.normal((channels, 1, 1), 1.0, "gamma")]),
+                          g.normal((channels, 1, 1), 0.1, "beta")])
+    g.add_output(g.conv(affine, channels, 16, 1, bias=True))
+    return g.build()
+
+
+def test_group_norm_with_one_group_stays_blocked():
+    """A GroupNorm of one group flattens the tensor and normalises every element the same
+    way: it runs on the blocked tensor flattened, so the only layout changes left are the
+    network's input and output (PoolFormer and MobileViTv2 unblocked and re-blocked
+    around each norm: 1.06x and 1.10x faster without). Channels the block does not divide
+    (padded ones included) keep the NCHW round trip."""
+    from fusion_tvm.frontend import load_model
+
+    model = _group_norm_one_group(32)
+    mod = ConvertToNCHWc(lanes=8)(load_model(model).mod)
+    assert sorted(_layout_changes(mod)) == [("to_nchw", (1, 2, 14, 14, 8)),
+                                            ("to_nchwc", (1, 16, 14, 14))]
+    _matches_onnxruntime(model)
+    # 36 channels, padded to 40 by PadChannels: the norm must not see the padding.
+    _matches_onnxruntime(_group_norm_one_group(36))

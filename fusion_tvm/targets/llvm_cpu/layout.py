@@ -61,6 +61,10 @@ _POOL = {tvm.ir.Op.get("relax.nn.max_pool2d"): relax.op.nn.max_pool2d,
 #: squeeze of a squeeze-and-excitation block): per channel, so the blocks stay intact.
 _SPATIAL_REDUCE = {tvm.ir.Op.get(f"relax.{name}"): getattr(relax.op, name)
                    for name in ("mean", "sum", "max", "min")}
+#: Reductions over a whole flattened tensor (a GroupNorm with one group: the mean and the
+#: variance of every element) give the same value over its blocked twin flattened.
+_FLAT_REDUCE = _SPATIAL_REDUCE.keys() | {tvm.ir.Op.get("relax.variance")}
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _BLOCKED_KERNEL = re.compile(r"^OIHW(\d+)i(\d+)o$")
 
@@ -255,6 +259,8 @@ class _BlockedRewriter(relax.PyExprMutator):
         self.b = block
         self.block_map, self.unblock_map = _block_map(block), _unblock_map(block)
         self.blocked: dict[relax.Var, relax.Var] = {}  # NCHW var -> its blocked twin
+        # flat view of an NCHW tensor -> (the blocked twin flattened, the NCHW shape)
+        self.flat: dict[relax.Var, tuple[relax.Var, list[int]]] = {}
 
     def _emit(self, binding: relax.VarBinding, value: relax.Expr) -> relax.Var:
         if isinstance(binding.var, relax.DataflowVar):
@@ -301,6 +307,13 @@ class _BlockedRewriter(relax.PyExprMutator):
         if value.op.same_as(_LAYOUT_TRANSFORM) and value.attrs.pad_value is None \
                 and self._transform(binding, value, args):
             return None
+        flat = self._flat(value, args)
+        if flat is not None:  # the flat view kept alongside (DCE drops the one unused)
+            super().visit_var_binding_(binding)
+            twin, dims = flat
+            self.flat[binding.var] = (self.builder_.emit(twin, binding.var.name + "_flat"),
+                                      dims)
+            return None
         lowered = self._lower(value, args)
         if lowered is None:
             return super().visit_var_binding_(binding)
@@ -327,12 +340,73 @@ class _BlockedRewriter(relax.PyExprMutator):
             return True
         return False
 
+    def _flat(self, value: relax.Call, args) -> tuple[relax.Expr, list[int]] | None:
+        """The flat view of ``value`` over a blocked twin, with the NCHW shape it flattens.
+
+        A GroupNorm with one group (PoolFormer, MobileViTv2) flattens an NCHW tensor to
+        ``[1, 1, C*H*W]``, normalises it with its mean and variance and reshapes it back:
+        every element the same way, so the blocked twin flattened serves as well, and the
+        conversions to and from NCHW around each norm go. A flat view is the reshape of a
+        blocked tensor (channels whole blocks) to one non-unit axis, or an elementwise op
+        of a flat view with operands that are flat views of the same tensor or broadcast
+        scalars (every axis 1)."""
+        op, out = value.op, static_shape(value)
+        if out is None or sum(1 for d in out if d != 1) > 1:
+            return None
+        if op.same_as(_RESHAPE):
+            twin, shape = self._twin(value.args[0]), static_shape(value.args[0])
+            if twin is None or shape is None or len(shape) != 4 \
+                    or math.prod(shape) != math.prod(out) or shape[1] % self.b \
+                    or (static_shape(twin) or [0])[-1] != self.b:  # a narrower block's
+                return None  # elements lie in another order than the reshape back assumes
+            return relax.op.reshape(twin, out), shape
+        if op not in _UNARY and op not in _BINARY:
+            return None
+        found = [self.flat[a] for a in value.args if isinstance(a, relax.Var) and a in self.flat]
+        if not found or any(d != found[0][1] for _, d in found):
+            return None
+        operands = []
+        for orig, arg in zip(value.args, args, strict=True):
+            shape = static_shape(orig)
+            if isinstance(orig, relax.Var) and orig in self.flat and shape == out:
+                operands.append(self.flat[orig][0])
+            elif shape is not None and all(d == 1 for d in shape) and len(shape) <= len(out):
+                operands.append(arg)
+            else:
+                return None
+        return relax.Call(op, operands, value.attrs), found[0][1]
+
+    def _from_flat(self, value: relax.Call) -> tuple[str, relax.Expr] | None:
+        """A reduction of a flat view over all its elements, on the flattened twin
+        (``("plain", e)``); the reshape of a flat view back to its NCHW shape, the blocked
+        twin (``("blocked", e)``)."""
+        src = value.args[0]
+        if not isinstance(src, relax.Var) or src not in self.flat:
+            return None
+        twin, dims = self.flat[src]
+        if value.op.same_as(_RESHAPE):
+            if static_shape(value) != dims:
+                return None
+            n, c, h, w = dims
+            return "blocked", relax.op.reshape(twin, (n, c // self.b, h, w, self.b))
+        shape, axes = static_shape(src), value.attrs.axis
+        if axes is None or shape is None:
+            return None
+        kept = set(range(len(shape))) - {int(a) % len(shape) for a in axes}
+        if any(shape[a] != 1 for a in kept):
+            return None
+        return "plain", relax.Call(value.op, [twin], value.attrs)
+
     def _lower(self, value: relax.Call, args) -> tuple[str, relax.Expr] | None:
         """``("blocked", e)``: ``e`` computes the blocked twin of ``value``; ``("plain",
         e)``: ``e`` computes ``value`` itself; None: ``value`` stays as it is."""
         op = value.op
         if op.same_as(_CONV2D):
             return self._conv(value, args)
+        if op.same_as(_RESHAPE) or op in _FLAT_REDUCE:
+            flat = self._from_flat(value)
+            if flat is not None:
+                return flat
         if op in _SPATIAL_REDUCE:
             return self._blocked_reduce(value)
         blocked = None
@@ -471,6 +545,11 @@ class _BlockedRewriter(relax.PyExprMutator):
                 operands.append(arg)
             elif shape == [1, out[1], 1, 1] and isinstance(out[1], int) and out[1] % self.b == 0:
                 operands.append(self.builder_.emit(self._block(arg), name_hint="chan_nchwc"))
+            elif shape == [out[1], 1, 1] and isinstance(arg, tvm.ir.GenericConst) \
+                    and isinstance(out[1], int) and out[1] % self.b == 0:
+                # [C, 1, 1] broadcasts as [1, C, 1, 1] (a GroupNorm's affine, PoolFormer)
+                four = relax.const(arg.value.numpy().reshape(1, out[1], 1, 1))
+                operands.append(self.builder_.emit(self._block(four), name_hint="chan_nchwc"))
             else:
                 return None
         return operands
