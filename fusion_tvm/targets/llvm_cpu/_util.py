@@ -14,6 +14,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV, ScheduleError
 from ...attrs import CONSTANT_PARAMS_ATTR
 from ...hardware import HardwareSpec
 from ...tir_analysis import analyze_primfunc
+from ..tir_writer import static_int
 from .parallel import elementwise_seconds, parallel_pays, spatial_chunks
 
 
@@ -122,7 +123,7 @@ def nest_flops(sch: s_tir.Schedule, loops) -> float | None:
 
 def buffer_nbytes(buf: tirx.Buffer) -> int | None:
     """Bytes of a buffer of static shape, None when symbolic."""
-    dims = [int(d.value) if isinstance(d, tirx.IntImm) else None for d in buf.shape]
+    dims = [static_int(d) for d in buf.shape]
     return None if None in dims else math.prod(dims) * max(8, int(buf.dtype.bits)) // 8
 
 
@@ -325,6 +326,13 @@ def vector_friendly(sch: s_tir.Schedule, block: SBlockRV, tiled: bool = False) -
     return not _calls(sch.get(block).body, avoid)
 
 
+def row_vector_width(extent: int | None, max_lanes: int) -> int:
+    """Lanes of the vector a spatial row longer than one register is split into: the widest
+    dividing it (no tail) while that is at least 4, else a full register and a tail."""
+    width = pick_vector_width(extent, max_lanes)
+    return width if width >= 4 else max_lanes
+
+
 def pick_vector_width(extent: int | None, max_lanes: int) -> int:
     """Widest power-of-two vector (<= ``max_lanes``) that divides ``extent``; 1 if none."""
     if extent is None:
@@ -360,8 +368,7 @@ def parallel_vectorize(
     outer_loops = loops[:-1]
     vec, width = None, max_lanes
     if extent is None or extent > max_lanes:
-        width = pick_vector_width(extent, max_lanes)
-        width = width if width >= 4 else max_lanes
+        width = row_vector_width(extent, max_lanes)
         outer, vec = sch.split(inner, [None, width])
         if not outer_loops or (None not in extents and spatial_chunks(hw, extents, width)
                                > math.prod(extents[:-1])):

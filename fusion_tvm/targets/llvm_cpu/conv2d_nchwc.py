@@ -187,6 +187,7 @@ class _Match:
     reduce_vars: list
     loop_of: dict
     data: object
+    weight: tirx.Buffer
     block: int
     depthwise: bool
     tiles: BlockedTiles
@@ -238,8 +239,8 @@ def _match(sch: s_tir.Schedule, hw: HardwareSpec) -> _Match | None:
     tiles = derive_blocked_tiles(hw, bits, block, chan_blocks, width, depthwise, weight_bytes)
     per_acc = max(1, -(-block // vec))
     max_acc = max(1, hw.num_vector_registers // per_acc - 4)
-    return _Match(main, stmt, out_vars, reduce_vars, loop_of, data[0], block, depthwise, tiles,
-                  chan_blocks, width, max_acc)
+    return _Match(main, stmt, out_vars, reduce_vars, loop_of, data[0], weight[0].source, block,
+                  depthwise, tiles, chan_blocks, width, max_acc)
 
 
 class Conv2dNCHWc(ScheduleRule):
@@ -289,9 +290,8 @@ class Conv2dNCHWc(ScheduleRule):
         reds = [loop_of[v] for v in reduce_vars]
         sch.reorder(loop_of[n_var], fo, loop_of[y_var], xo, *reds, fi, xi, loop_of[lane_var])
         outer = sch.fuse(loop_of[n_var], fo, loop_of[y_var])
-        weights = [r.source for r in stmt.reads if not r.source.same_as(m.data.source)]
         if conv_parallel_pays(hw, flops, static_extent(sch, outer),
-                              buffer_nbytes(weights[0]) or 0.0):
+                              buffer_nbytes(m.weight) or 0.0):
             sch.parallel(outer)
         acc = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(acc, xo, preserve_unit_loops=True)

@@ -22,7 +22,7 @@ from ...hardware import HardwareSpec
 from ...legality import attention_chain, reachable, row_stage
 from ...ops import OpClass, PatternKind
 from ...tir_analysis import evaluate, shape_elems
-from ._util import pick_vector_width
+from ._util import row_vector_width
 from .attention import ROW_TILE
 from .conv2d import derive_channel_tiles, derive_tiles
 from .conv2d_nchwc import (
@@ -440,7 +440,7 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
         work = elementwise_seconds(hw, e, moved / max(e, 1.0), calls)
         shape = [int(d) for d in _dims(graph, t)] or [1]
         lanes = max(1, hw.simd_width_bits // 32)
-        width = pick_vector_width(shape[-1], lanes) if shape[-1] > lanes else lanes
-        chunks = spatial_chunks(hw, shape, width if width >= 4 else lanes)  # as the rule
+        width = row_vector_width(shape[-1], lanes) if shape[-1] > lanes else lanes
+        chunks = spatial_chunks(hw, shape, width)  # as parallel_vectorize counts them
         count += parallel_pays(hw, work, chunks)
     return int(count)

@@ -350,7 +350,10 @@ class _BlockedRewriter(relax.PyExprMutator):
         blocked tensor (channels whole blocks) to one non-unit axis, or an elementwise op
         of a flat view with operands that are flat views of the same tensor or broadcast
         scalars (every axis 1)."""
-        op, out = value.op, static_shape(value)
+        op = value.op
+        if not op.same_as(_RESHAPE) and op not in _UNARY and op not in _BINARY:
+            return None
+        out = static_shape(value)
         if out is None or sum(1 for d in out if d != 1) > 1:
             return None
         if op.same_as(_RESHAPE):
@@ -360,8 +363,6 @@ class _BlockedRewriter(relax.PyExprMutator):
                     or (static_shape(twin) or [0])[-1] != self.b:  # a narrower block's
                 return None  # elements lie in another order than the reshape back assumes
             return relax.op.reshape(twin, out), shape
-        if op not in _UNARY and op not in _BINARY:
-            return None
         found = [self.flat[a] for a in value.args if isinstance(a, relax.Var) and a in self.flat]
         if not found or any(d != found[0][1] for _, d in found):
             return None

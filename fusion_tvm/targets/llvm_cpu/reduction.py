@@ -20,6 +20,7 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...hardware import HardwareSpec
 from ..base import ScheduleRule
+from ..tir_writer import static_int
 from ._util import (
     dtype_bits,
     inline_spatial,
@@ -255,7 +256,7 @@ class Reduction(ScheduleRule):
         flops = static_flops(func)  # all the kernel's arithmetic (a softmax's exp too)
         work = None if flops is None else max(1.0, sum(flops.values()))
         if _rows_too_few(sch, blocks, hw, work):
-            anchored = _schedule_anchored(func, hw, work)
+            anchored = _schedule_anchored(sch.copy(), blocks, hw, work)
             if anchored is not None:
                 return anchored
         return sch if schedule_row_chain(sch, blocks, hw, work) else None
@@ -278,7 +279,7 @@ def _rows_too_few(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSpec,
 MAX_RECOMPUTE = 1.05
 
 
-def _schedule_anchored(func: tirx.PrimFunc, hw: HardwareSpec,
+def _schedule_anchored(sch: s_tir.Schedule, blocks: list[SBlockRV], hw: HardwareSpec,
                        work: float | None) -> s_tir.Schedule | None:
     """The chain computed per iteration of its last block's leading spatial loops.
 
@@ -286,10 +287,9 @@ def _schedule_anchored(func: tirx.PrimFunc, hw: HardwareSpec,
     fewest that give every thread a few chunks, the innermost kept for the vector), TVM
     deriving the region each iteration needs: the channels of a pool whose producers index
     them at another position. Declined (None) when a block would be recomputed (a window
-    over the fused axes) or the group publishes more than the last block.
+    over the fused axes) or the group publishes more than the last block. ``sch`` (its
+    spatial blocks inlined, ``blocks`` left) is changed either way: pass a copy.
     """
-    sch = s_tir.Schedule(func)
-    blocks = inline_spatial(sch)
     anchor = blocks[-1]
     outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
     if len(outputs) != 1 or not sch.get(outputs[0]).same_as(sch.get(anchor)):
@@ -300,7 +300,7 @@ def _schedule_anchored(func: tirx.PrimFunc, hw: HardwareSpec,
     prefix = next((k for k in range(1, len(loops))  # the innermost loop stays: the vector
                    if None not in extents[:k] and parallel_pays(hw, None, math.prod(extents[:k]))),
                   None)
-    domains = [math.prod(_static_extent(iv) or 0 for iv in sch.get(b).iter_vars)
+    domains = [math.prod(static_int(iv.dom.extent) or 0 for iv in sch.get(b).iter_vars)
                for b in blocks]
     if prefix is None or 0 in domains:
         return None
@@ -322,11 +322,6 @@ def _schedule_anchored(func: tirx.PrimFunc, hw: HardwareSpec,
         if is_spatial(sch, block):
             vectorize_innermost(sch, block, width, 1)
     return sch
-
-
-def _static_extent(iv: tirx.IterVar) -> int | None:
-    """The static extent of a block iterator, None when symbolic."""
-    return int(iv.dom.extent.value) if isinstance(iv.dom.extent, tirx.IntImm) else None
 
 
 def _partial_width(sch: s_tir.Schedule, block: SBlockRV, width: int) -> int | None:
