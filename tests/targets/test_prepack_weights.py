@@ -122,21 +122,21 @@ def test_schedule_only_pipeline_has_no_constant_attr():
     assert isinstance(cm.fused_mod, tvm.IRModule)
 
 
-@pytest.mark.parametrize("k,n,packed", [(1280, 1000, True), (40, 17, False)])
-def test_one_row_gemv_streams_a_prepacked_weight(k, n, packed):
+@pytest.mark.parametrize("k,n", [(1280, 1000), (40, 17), (320, 21841), (64, 64)])
+def test_one_row_gemv_streams_a_prepacked_weight(k, n):
     """A batch-1 classifier ``x[1, K] @ W[K, N]``: W is repacked at compile time into
-    contiguous ``K x nr`` column panels (one per task) when ``nr`` divides N; a ragged N
-    reads W in place. Same numbers either way."""
+    contiguous ``K x nr`` column panels of two full vectors (one per task), zero-padded
+    when ``nr`` does not divide N (before: a ragged N ran its vector loop scalar, and
+    narrowed panels part-width). Same numbers either way."""
     w = RNG.standard_normal((k, n)).astype("float32")
     cm = fusion_tvm.compile(_linear(1, k, n, w))
     (func,) = _kernels(cm).values()
     assert str(func.attrs["fusion_tvm.rule"]) == "matmul"
     shapes = [[int(d) for d in p.ty.shape] for p in func.params]
-    if packed:
-        (panel,) = [s for s in shapes if len(s) == 3]
-        assert panel[1] == k and panel[0] * panel[2] == n
-    else:
-        assert [k, n] in shapes
+    nr = 2 * max(1, cm.hw.simd_width_bits // 32)
+    (panel,) = [s for s in shapes if len(s) == 3]
+    assert panel == [-(-n // nr), k, nr]
+    assert [k, n] not in shapes
     assert not any(b.annotations and PREPACK_ATTR in b.annotations for b in _blocks(func.body))
     x = RNG.standard_normal((1, k)).astype("float32")
     np.testing.assert_allclose(cm.run([x])[0], np.maximum(x @ w + 1, 0), rtol=1e-4, atol=1e-3)

@@ -383,7 +383,7 @@ def group_parallel_regions(graph, group: frozenset[int], rule: str, hw: Hardware
         transposed = b_transposed(graph, group, node)
         k = int(round(flops.get(OpClass.MATMUL, 0.0) / max(1.0, 2.0 * batch * m * n_)))
         if m * batch == 1 and not transposed:  # the row-GEMV schedule (matmul.py)
-            nr = gemv_panel(hw, 32, n_)
+            nr = gemv_panel(hw, 32)
             return int(gemv_pays(hw, 2.0 * k * n_, 4.0 * k * n_, math.ceil(n_ / nr)))
         symbolic = [not isinstance(d, (int, tirx.IntImm))
                     for d in graph.tensors[node.outputs[0]].shape[-2:]]
