@@ -315,17 +315,16 @@ def _pad_blocks(compiled) -> dict:
     return found
 
 
-def test_strided_dense_conv_inlines_padding_only_for_static_batch(builds):
-    """The stride-2 dense conv reads its zero border inline with a static batch; with a
-    symbolic one the guarded loads measured 2.3x slower, so it keeps the padded copy (the
-    symbolic build's numbers: test_nchwc_equals_nchw_build)."""
+def test_strided_dense_conv_keeps_the_padded_copy(builds):
+    """A stride-2 dense conv reads its zero border from the padded copy (staged per row),
+    static batch or symbolic: guarded loads read inline measured 2.1-2.3x slower on
+    16-48-channel layers over 112-320 px (they were kept for a static batch before)."""
     mod = _cnn(batch=2)
     static = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="nchwc"), hw=HW)
     native = fusion_tvm.compile(mod, target=LLVMCPUBackend(layout="native"), hw=HW)
-    strided = [n for n in _pad_blocks(static) if "nchwc2" in n]
-    assert strided and not any(_pad_blocks(static)[n] for n in strided)
-    symbolic = _pad_blocks(builds["nchwc"])
-    assert all(symbolic[n] for n in symbolic if "nchwc2" in n and "depthwise" not in n)
+    for pads in (_pad_blocks(static), _pad_blocks(builds["nchwc"])):
+        strided = [n for n in pads if "nchwc2" in n and "depthwise" not in n]
+        assert strided and all(pads[n] for n in strided)
     x = RNG.standard_normal((2, 3, 13, 13)).astype("float32")
     np.testing.assert_allclose(_run(static, x), _run(native, x), rtol=1e-4, atol=1e-4)
 

@@ -123,21 +123,6 @@ def _stride(index, var, variables) -> int | None:
     return int(step.value) if isinstance(step, tirx.IntImm) else None
 
 
-def _strided(data: tirx.BufferRegion, out, out_vars, reduce_vars) -> bool:
-    """Whether the conv reading (padded) ``data`` into ``out`` steps by >= 2 input rows and
-    columns per output row and column, with a static batch.
-
-    The stride is read from the conv's own indices (``y * s + ry * d``), not from the
-    extents: a dilated conv's wide padding (DeepLabV3's ASPP, dilation 12 over 14 x 14:
-    38 padded rows for 14 output rows) is no stride, and read inline its guards cost 2x.
-    With a symbolic batch the guarded loads measured 2.3x slower than the padded copy
-    (ResNet-18's stride-2 convs, batch N = 4: 5.0 against 2.2 ms; static: equal)."""
-    if not all(isinstance(d, tirx.IntImm) for d in out.shape):
-        return False
-    variables = list(out_vars) + list(reduce_vars)
-    return all((_stride(data.region[a].min, out_vars[a], variables) or 0) >= 2 for a in (2, 3))
-
-
 def _pad_ops(sch: s_tir.Schedule, block, sources: int = 1) -> int | None:
     """Arithmetic ops per element of ``block`` when it zero-pads (an elementwise function
     of) function parameters with lanes kept innermost, at most ``sources`` of them (a
@@ -182,11 +167,9 @@ class _Match:
     """What the rule learnt of a blocked conv before scheduling it."""
 
     main: SBlockRV
-    stmt: tirx.stmt.SBlock
     out_vars: list
     reduce_vars: list
     loop_of: dict
-    data: object
     weight: tirx.Buffer
     block: int
     depthwise: bool
@@ -239,8 +222,8 @@ def _match(sch: s_tir.Schedule, hw: HardwareSpec) -> _Match | None:
     tiles = derive_blocked_tiles(hw, bits, block, chan_blocks, width, depthwise, weight_bytes)
     per_acc = max(1, -(-block // vec))
     max_acc = max(1, hw.num_vector_registers // per_acc - 4)
-    return _Match(main, stmt, out_vars, reduce_vars, loop_of, data[0], weight[0].source, block,
-                  depthwise, tiles, chan_blocks, width, max_acc)
+    return _Match(main, out_vars, reduce_vars, loop_of, weight[0].source, block, depthwise,
+                  tiles, chan_blocks, width, max_acc)
 
 
 class Conv2dNCHWc(ScheduleRule):
@@ -277,9 +260,9 @@ class Conv2dNCHWc(ScheduleRule):
             raise ValueError(f"unknown conv2d_nchwc knobs: {sorted(knobs)}")
         if tiles.fo * tiles.xr > m.max_acc:
             raise ValueError(f"a {tiles.fo} x {tiles.xr} tile needs more vector registers")
-        main, stmt, reduce_vars, loop_of = m.main, m.stmt, m.reduce_vars, m.loop_of
+        main, reduce_vars, loop_of = m.main, m.reduce_vars, m.loop_of
         n_var, f_var, y_var, x_var, lane_var = m.out_vars
-        block, depthwise, data = m.block, m.depthwise, [m.data]
+        block, depthwise = m.block, m.depthwise
         loops = sch.get_loops(main)
         flops = nest_flops(sch, loops)
 
@@ -304,18 +287,15 @@ class Conv2dNCHWc(ScheduleRule):
         sch.decompose_reduction(main, reds[0])
         sources = MAX_INLINE_PROLOGUE_SOURCES if depthwise else 1
         ops = _pad_ops(sch, producers[0], sources) if len(producers) == 1 else None
-        if ops is not None and (
-            depthwise and ops <= MAX_INLINE_PROLOGUE_OPS
-            or ops == 0 and _strided(data[0], stmt.writes[0].source, m.out_vars, reduce_vars)
-        ):
-            # A depthwise step is one FMA per loaded vector, and a strided conv reads only
-            # part of its input: a padded copy of the input (a full extra write and read)
-            # costs more than guarded loads reading the zeros inline (MobileNetV2's
-            # stride-2 96-channel depthwise layer 218 -> 64 us, ResNet-18's 128-channel
-            # stride-2 3x3 787 -> 514 us). A stride-1 dense conv reloads each input
-            # element kh * kw times from its copy: there inline guards cost 2x. Inlined,
-            # a prologue runs once per tap (depthwise) or per tap and output block
-            # (dense): only a few cheap ops on a depthwise input go along.
+        if ops is not None and depthwise and ops <= MAX_INLINE_PROLOGUE_OPS:
+            # A depthwise step is one FMA per loaded vector: a padded copy of the input
+            # (a full extra write and read) costs more than guarded loads reading the zeros
+            # inline (MobileNetV2's stride-2 96-channel depthwise layer 218 -> 64 us).
+            # Inlined, a prologue runs once per tap: only a few cheap ops go along. A dense
+            # conv keeps the copy (staged per row below): guarded loads, strided or not,
+            # measured 0.93-0.99x the copy on ResNet-18's stride-2 3 x 3s and 2.1-2.3x
+            # slower on 16-48-channel ones over 112-320 px (DLA-34, YOLOv8n, TinyViT,
+            # RepVGG).
             with contextlib.suppress(ScheduleError):
                 sch.compute_inline(producers[0])
                 producers = []

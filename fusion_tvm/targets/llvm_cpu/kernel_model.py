@@ -204,7 +204,7 @@ def conv_group_regions(graph, group: frozenset[int], conv, hw: HardwareSpec) -> 
 def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKernel | None:
     """The conv rules' kernel for ``group`` around the convolution node ``conv``. Parallel
     loops: the output rows (:func:`conv_parallel_pays` over the same task count the rule
-    fuses), the zero-padded input (not for a blocked depthwise or strided conv: inline)
+    fuses), the zero-padded input (not for a blocked depthwise conv: inline)
     and a layout change after the conv (each one spatial pass, ``parallel_vectorize``)
     and, for the NCHW channel-vector kernel, its weight repack. None
     when the shapes are not the rules' (the generic count applies)."""
@@ -250,18 +250,14 @@ def conv_kernel(graph, group: frozenset[int], conv, hw: HardwareSpec) -> ConvKer
     pad = [max(0.0, (out[a] - 1) * st + k - data[a])
            for a, st, k in zip((2, 3), stride, (kh, kw), strict=True)]
     prologue = graph.tensors[conv.inputs[0]].producer in group
-    # A blocked depthwise or strided conv reads its padding inline (no pass), and an
-    # elementwise prologue of one tensor with it.
-    padded_extent = [data[a] + pad[a - 2] for a in (2, 3)]
-    strided = all(round(p / out[a]) >= 2 for p, a in zip(padded_extent, (2, 3), strict=True)) \
-        and all(isinstance(d, (int, tirx.IntImm)) for d in graph.tensors[conv.outputs[0]].shape)
+    # A blocked depthwise conv reads its padding inline (no pass), and an elementwise
+    # prologue of one tensor with it.
     upstream = _prologue_tensors(graph, group, conv.inputs[0])  # [] without a prologue
     published = set(_published(graph, group))
     lane_prologue = _lane_prologue(graph, group, conv.inputs[0], published) if prologue \
         else None
-    inline_pad = len(out) == 5 and (
-        len(weight) == 5 and (not prologue or lane_prologue is not None)
-        or strided and not prologue)
+    inline_pad = len(out) == 5 and len(weight) == 5 and (
+        not prologue or lane_prologue is not None)
     staged, recompute = 0.0, {}
     if (pad[0] > 0 or pad[1] > 0 or prologue) and not inline_pad:
         padded = math.prod(data) / (data[2] * data[3]) * (data[2] + pad[0]) * (data[3] + pad[1])
