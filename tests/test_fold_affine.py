@@ -137,3 +137,33 @@ def test_integer_product_not_folded():
         bb.emit_func_output(out)
     mod = bb.get()
     tvm.ir.assert_structural_equal(FoldAffineIntoWeights()(mod), mod)
+
+
+def _concat_bn():
+    """Two convs concatenated, BatchNorm, ReLU, a 3 x 3 depthwise conv (a DenseNet / MixNet
+    block): the BatchNorm has no weight before it to fold into."""
+    g = GraphBuilder("concat_bn")
+    x = g.add_input("x", [1, 8, 12, 12])
+    y = g.op("Concat", [g.conv(x, 8, 16, 1), g.conv(x, 8, 16, 3)], axis=1)
+    y = g.op("Relu", [g.batchnorm(y, 32)])
+    g.add_output(g.conv(y, 32, 32, 3, group=32))
+    return g.build()
+
+
+def test_affine_chain_without_weight_collapses_to_multiply_add():
+    """``(z - mean) / std * gamma + beta`` on a concat (4 ops, one a division) becomes
+    ``z * a + s``: no divide or subtract left, outputs equal to onnxruntime and to the build
+    without the kind."""
+    model = _concat_bn()
+    folded, plain = _prepared(model, True), _prepared(model, False)
+    assert _funcs(plain, "divide") and _funcs(plain, "subtract")
+    assert not _funcs(folded, "divide") and not _funcs(folded, "subtract")
+    assert _funcs(folded, "multiply") == 1 and _funcs(folded, "add") >= 1
+    assert relax.analysis.check_well_formed(folded)
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 8, 12, 12)).astype("f4")}
+    ref = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    ours = fusion_tvm.compile(model, hw=HW).run(feeds)[0]
+    off = fusion_tvm.compile(model, hw=HW, search=SearchConfig(
+        kinds=FusionKinds(weight_folding=False))).run(feeds)[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, off, rtol=1e-4, atol=1e-5)

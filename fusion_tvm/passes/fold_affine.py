@@ -117,10 +117,10 @@ def _anchor(call, constants: _Constants):
 
 
 def _chain(var, out_shape: tuple[int, ...], axis: int, users, var2val, constants):
-    """Follow single-use affine ops from ``var`` (an ``out_shape`` product whose channels lie
-    along ``axis``): ``(last var, a, s)`` or None."""
+    """Follow single-use affine ops from ``var`` (an ``out_shape`` tensor whose channels lie
+    along ``axis``): ``(vars bound by the chain, a, s, ops)`` or None."""
     a, s = np.ones(out_shape[axis]), np.zeros(out_shape[axis])
-    cur, ops = var, []
+    cur, ops, bound = var, [], []
     while isinstance(cur, relax.DataflowVar):  # a function output must keep its value
         uses = users.get(cur, [])
         if len(uses) != 1:
@@ -151,11 +151,12 @@ def _chain(var, out_shape: tuple[int, ...], axis: int, users, var2val, constants
             break  # c / z is not affine in z
         ops.append(name)
         cur = uses[0]
+        bound.append(cur)
     if not ops or not (set(ops) & {"multiply", "divide"} or len(ops) > 1):
         return None
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(s))):
         return None
-    return cur, a, s
+    return bound, a, s, ops
 
 
 @relax.expr_functor.mutator
@@ -185,7 +186,7 @@ def _rewrites(func: relax.Function) -> dict:
             users.setdefault(used, []).append(var)
     for used in _vars_in(func.body.body):  # returned values: a use outside the chain
         users.setdefault(used, []).append(None)
-    out = {}
+    out, chained = {}, set()
     for var, val in var2val.items():
         anchor = _anchor(val, constants) if isinstance(val, relax.Call) else None
         if anchor is None or not isinstance(var, relax.DataflowVar):
@@ -196,7 +197,8 @@ def _rewrites(func: relax.Function) -> dict:
             var, out_shape, axis % len(out_shape), users, var2val, constants)
         if found is None:
             continue
-        last, a, s = found
+        bound, a, s, _ops = found
+        chained.update([var, *bound])
         shape = [1] * weight.ndim
         shape[w_axis] = -1
         dtype = str(val.ty.dtype)
@@ -210,8 +212,46 @@ def _rewrites(func: relax.Function) -> dict:
                                      dilation=at.dilation, groups=at.groups)
             bias_shape = (1, -1, 1, 1)
         bias = relax.const(s.reshape(bias_shape).astype(dtype)) if np.any(s) else None
-        out[last] = (new, bias)
+        out[bound[-1]] = (new, bias)
+    for var in var2val:
+        if var not in chained and isinstance(var, relax.DataflowVar):
+            found = _collapsed(var, users, var2val, constants)
+            if found is not None:
+                bound, new, bias = found
+                chained.update(bound)
+                out[bound[-1]] = (new, bias)
     return out
+
+
+def _collapsed(var, users, var2val, constants):
+    """A chain of per-channel affine ops on ``var`` with no weight to fold into (after a
+    concat, BatchNorm before an activation) as one multiply and one add: ``(vars bound by
+    the chain, scaled var, bias or None)``, or None when that is not fewer ops or keeps a
+    divide (DenseNet's and MixNet's ``(z - mean) / std * gamma + beta`` after a concat: 4
+    ops, one a division, on every element)."""
+    ty = var.ty
+    shape = _static_shape(var)
+    if shape is None or not str(ty.dtype).startswith(("float", "bfloat")) or not shape:
+        return None
+    best, axis = None, 0
+    for k in range(len(shape)):
+        found = _chain(var, shape, k, users, var2val, constants)
+        if found is not None and (best is None or len(found[3]) > len(best[3])):
+            best, axis = found, k
+    if best is None:
+        return None
+    bound, a, s, ops = best
+    if int(np.any(a != 1.0)) + int(np.any(s != 0.0)) >= len(ops) and "divide" not in ops:
+        return None
+    vshape = [1] * len(shape)
+    vshape[axis] = -1
+    dtype = str(ty.dtype)
+    new = relax.op.multiply(var, relax.const(a.reshape(vshape).astype(dtype))) \
+        if np.any(a != 1.0) else var
+    bias = relax.const(s.reshape(vshape).astype(dtype)) if np.any(s) else None
+    if new is var and bias is None:
+        return None
+    return bound, new, bias
 
 
 def _vars_in(expr) -> list:
