@@ -246,9 +246,12 @@ def _collapsed(var, users, var2val, constants):
     vshape = [1] * len(shape)
     vshape[axis] = -1
     dtype = str(ty.dtype)
-    new = relax.op.multiply(var, relax.const(a.reshape(vshape).astype(dtype))) \
-        if np.any(a != 1.0) else var
-    bias = relax.const(s.reshape(vshape).astype(dtype)) if np.any(s) else None
+
+    def const(v):  # a scalar stays a scalar (hard-swish's / 6 becomes * (1 / 6))
+        return relax.const(np.asarray(v[0] if np.all(v == v[0]) else v.reshape(vshape),
+                                      dtype=dtype))
+    new = relax.op.multiply(var, const(a)) if np.any(a != 1.0) else var
+    bias = const(s) if np.any(s) else None
     if new is var and bias is None:
         return None
     return bound, new, bias
