@@ -248,6 +248,23 @@ def test_one_long_row_runs_its_vectors_in_parallel():
     assert parallel_loops(k.func) == int(k.detail["parallel_regions"]) == 1
 
 
+def test_spatial_parallel_loop_fuses_only_the_loops_it_needs():
+    """A (12, 114, 114, 8) pass: the parallel loop fuses the channel blocks and rows (enough
+    iterations for every thread), the columns stay a serial loop around the lane vector
+    (all fused, each 8-lane vector recomputed its indices by division: a MixNet prologue
+    4x slower)."""
+    mod = _one_module((12, 114, 114, 8), lambda bb, x: relax.op.nn.relu(x))
+    scheduled, func = _scheduled(mod, "elementwise")
+    (par,) = _parallel_fors(func)
+    assert int(par.extent) == 12 * 114
+    sch = s_tir.Schedule(func)
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    kinds = [(sch.get(lp).kind, int(sch.get(lp).extent)) for lp in sch.get_loops(block)]
+    assert kinds == [(tirx.stmt.ForKind.PARALLEL, 12 * 114), (tirx.stmt.ForKind.SERIAL, 114),
+                     (tirx.stmt.ForKind.VECTORIZED, 8)]
+    _check_equal(mod, scheduled, [(12, 114, 114, 8)])
+
+
 def _root_block_stmts(func: tirx.PrimFunc) -> list:
     sch = s_tir.Schedule(func)
     return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
