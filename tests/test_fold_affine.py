@@ -83,6 +83,18 @@ def _funcs(mod: tvm.IRModule, fragment: str) -> int:
                if isinstance(f, tvm.tirx.PrimFunc) and fragment in gv.name_hint)
 
 
+def _assert_equal_to_references(model, seed: int) -> None:
+    """Our build equals onnxruntime and the build without ``weight_folding``."""
+    feeds = {"x": np.random.default_rng(seed).standard_normal(
+        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype("f4")}
+    ref = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    ours = fusion_tvm.compile(model, hw=HW).run(feeds)[0]
+    off = fusion_tvm.compile(model, hw=HW, search=SearchConfig(
+        kinds=FusionKinds(weight_folding=False))).run(feeds)[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, off, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("build, removed", [(_linear_bn, 6), (_conv_scale, 2)],
                          ids=["linear_bn", "conv_scale"])
 def test_affine_chain_folded_into_weights(build, removed):
@@ -92,14 +104,7 @@ def test_affine_chain_folded_into_weights(build, removed):
     count = sum(_funcs(plain, op) for op in affine) - sum(_funcs(folded, op) for op in affine)
     assert count == removed, (folded.script(), plain.script())
     assert relax.analysis.check_well_formed(folded)
-    feeds = {"x": np.random.default_rng(1).standard_normal(
-        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype("f4")}
-    ref = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    ours = fusion_tvm.compile(model, hw=HW).run(feeds)[0]
-    off = fusion_tvm.compile(model, hw=HW, search=SearchConfig(
-        kinds=FusionKinds(weight_folding=False))).run(feeds)[0]
-    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(ours, off, rtol=1e-4, atol=1e-5)
+    _assert_equal_to_references(model, seed=1)
 
 
 def test_chains_that_are_not_per_channel_or_shared_stay():
@@ -160,10 +165,4 @@ def test_affine_chain_without_weight_collapses_to_multiply_add():
     assert not _funcs(folded, "divide") and not _funcs(folded, "subtract")
     assert _funcs(folded, "multiply") == 1 and _funcs(folded, "add") >= 1
     assert relax.analysis.check_well_formed(folded)
-    feeds = {"x": np.random.default_rng(2).standard_normal((1, 8, 12, 12)).astype("f4")}
-    ref = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    ours = fusion_tvm.compile(model, hw=HW).run(feeds)[0]
-    off = fusion_tvm.compile(model, hw=HW, search=SearchConfig(
-        kinds=FusionKinds(weight_folding=False))).run(feeds)[0]
-    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(ours, off, rtol=1e-4, atol=1e-5)
+    _assert_equal_to_references(model, seed=2)
