@@ -241,7 +241,8 @@ def _collapsed(var, users, var2val, constants):
     if best is None:
         return None
     bound, a, s, ops = best
-    if int(np.any(a != 1.0)) + int(np.any(s != 0.0)) >= len(ops) and "divide" not in ops:
+    scale, shift = bool(np.any(a != 1.0)), bool(np.any(s != 0.0))
+    if not (scale or shift) or scale + shift >= len(ops) and "divide" not in ops:
         return None
     vshape = [1] * len(shape)
     vshape[axis] = -1
@@ -250,11 +251,8 @@ def _collapsed(var, users, var2val, constants):
     def const(v):  # a scalar stays a scalar (hard-swish's / 6 becomes * (1 / 6))
         return relax.const(np.asarray(v[0] if np.all(v == v[0]) else v.reshape(vshape),
                                       dtype=dtype))
-    new = relax.op.multiply(var, const(a)) if np.any(a != 1.0) else var
-    bias = const(s) if np.any(s) else None
-    if new is var and bias is None:
-        return None
-    return bound, new, bias
+    new = relax.op.multiply(var, const(a)) if scale else var
+    return bound, new, const(s) if shift else None
 
 
 def _vars_in(expr) -> list:

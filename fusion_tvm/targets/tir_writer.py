@@ -29,7 +29,9 @@ def block_name(stmt) -> str | None:
 
 
 def static_int(extent) -> int | None:
-    """``extent`` as an int when it is a constant."""
+    """``extent`` as an int when it is a constant (a Python int or an ``IntImm``)."""
+    if isinstance(extent, int):
+        return extent
     return int(extent.value) if isinstance(extent, tirx.IntImm) else None
 
 

@@ -24,7 +24,6 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 
 from ...hardware import HardwareSpec, OpClass
 from ...tir_analysis import count_ops
-from ...tir_expr import substitute
 from ..base import ScheduleRule
 from ._util import (
     buffer_nbytes,
@@ -112,15 +111,6 @@ def _var_of(expr) -> tirx.Var | None:
 
 def _depends(expr, variables) -> bool:
     return bool({v for v in tirx.analysis.undefined_vars(expr)} & set(variables))
-
-
-def _stride(index, var, variables) -> int | None:
-    """The coefficient of ``var`` in the affine ``index`` (every other of ``variables`` at
-    0); None when it is not a constant."""
-    at = [substitute(index, {v: tirx.const(int(v.same_as(var) and k), str(v.ty.dtype))
-                             for v in variables}) for k in (0, 1)]
-    step = tvm.sym.Analyzer().simplify(at[1] - at[0])
-    return int(step.value) if isinstance(step, tirx.IntImm) else None
 
 
 def _pad_ops(sch: s_tir.Schedule, block, sources: int = 1) -> int | None:

@@ -145,7 +145,7 @@ class _Kernel(AttentionWriter):
         where it spans several: LLVM legalises a 48- or 96-lane vector (a remainder block
         of 3 or 6 vectors) element by element through the stack (TinyViT's 49-key windows
         ran at 31 GFLOP/s)."""
-        w, n = self.width, extent if isinstance(extent, int) else static_int(extent)
+        w, n = self.width, static_int(extent)
         if n is not None and n > w and n % w == 0:
             return self.loop(f"{name}o", n // w, lambda o: self.loop(
                 name, w, lambda i: body_fn(o * self.c(w) + i), _VEC), _UNROLL)

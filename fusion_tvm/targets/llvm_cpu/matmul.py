@@ -38,6 +38,7 @@ from tvm.s_tir.schedule import SBlockRV, ScheduleError
 from ...attrs import PREPACK_ATTR
 from ...hardware import HardwareSpec
 from ..base import ScheduleRule
+from ..tir_writer import static_int
 from ._util import (
     constant_param,
     inline_spatial,
@@ -708,21 +709,18 @@ def _schedule_at_root(
                 pending.append(consumer)
 
 
-def _pad_columns(sch: s_tir.Schedule, main: SBlockRV, padding: list[int]) -> SBlockRV | None:
-    """Pad the iterators of einsum ``main`` to multiples of ``padding``; return the block
-    that writes B's zero-padded copy (None when the block cannot be padded). C's unpadding
-    copy is inlined into its consumer where it has one."""
+def _pad_einsum(sch: s_tir.Schedule, main: SBlockRV, padding: list[int]) -> bool:
+    """Pad the iterators of einsum ``main`` to multiples of ``padding`` (its inputs copied
+    with zeros, its output's unpadding copy inlined into a consumer where it has one);
+    False when the block cannot be padded."""
     try:
         sch.pad_einsum(main, padding)
     except (ScheduleError, tvm.TVMError):
-        return None
-    producers = [b for b in sch.get_producers(main) if sch.get(b).name_hint.endswith("_pad")]
-    if len(producers) != 1:
-        return None
+        return False
     for unpad in sch.get_consumers(main):
         with contextlib.suppress(ScheduleError):
             sch.compute_inline(unpad)
-    return producers[0]
+    return True
 
 
 def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule | None:
@@ -761,21 +759,18 @@ def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule 
     if not any(k_var in tirx.analysis.undefined_vars(r.region[-1].min) for r in stmt.reads):
         return None
     inline_spatial(sch, keep=(main,))
-    loop_of = dict(zip((iv.var for iv in iters), sch.get_loops(main), strict=True))
     bits = int(stmt.writes[0].source.dtype.bits)
-    n = static_extent(sch, loop_of[out_last])
+    n = static_int(next(iv for iv in iters if iv.var.same_as(out_last)).dom.extent)
     nr = gemv_panel(hw, bits)
-    b_pad = None
-    if n is not None and n % nr:
-        # Columns padded to whole panels (zeros in B, the pad of C dropped): a tail panel
-        # would put a predicate in the vector loop, and the vectoriser runs it scalar
-        # (TinyViT's 320 x 21841 classifier at 6 GB/s, 17x slower than 21856 columns).
-        b_pad = _pad_columns(sch, main, [nr if iv.var.same_as(out_last) else 1 for iv in iters])
-        if b_pad is None:
-            return None
-        stmt = sch.get(main)
-        iters = list(stmt.iter_vars)
-        loop_of = dict(zip((iv.var for iv in iters), sch.get_loops(main), strict=True))
+    # Columns padded to whole panels (zeros in B, the pad of C dropped): a tail panel
+    # would put a predicate in the vector loop, and the vectoriser runs it scalar
+    # (TinyViT's 320 x 21841 classifier at 6 GB/s, 17x slower than 21856 columns).
+    padded = n is not None and n % nr != 0
+    if padded and not _pad_einsum(sch, main, [nr if iv.var.same_as(out_last) else 1
+                                              for iv in iters]):
+        return None
+    stmt = sch.get(main)
+    loop_of = dict(zip((iv.var for iv in stmt.iter_vars), sch.get_loops(main), strict=True))
     j_loop, k_loop = loop_of[out_last], loop_of[k_var]
     others = [lp for v, lp in loop_of.items() if not v.same_as(out_last) and not v.same_as(k_var)]
     k_extent = static_extent(sch, k_loop)
@@ -786,7 +781,13 @@ def _schedule_row_gemv(sch: s_tir.Schedule, hw: HardwareSpec) -> s_tir.Schedule 
         i for i, r in enumerate(stmt.reads)
         if isinstance(r.region[-1].min, tirx.Var) and r.region[-1].min.same_as(out_last)
     )
-    b_buf = stmt.reads[b_index].source if b_pad is None else sch.get(b_pad).reads[0].source
+    b_buf, b_pad = stmt.reads[b_index].source, None
+    if padded:  # B's zero-padded copy: the block writing it, and B it reads
+        b_pad = next((b for b in sch.get_producers(main)
+                      if sch.get(b).writes[0].source.same_as(b_buf)), None)
+        if b_pad is None:
+            return None
+        b_buf = sch.get(b_pad).reads[0].source
     if len(b_buf.shape) == 2 and n is not None and constant_param(sch.mod["main"], b_buf):
         packed = sch.cache_read(main, b_index, "global")
         if b_pad is not None:
